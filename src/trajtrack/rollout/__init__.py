@@ -1,0 +1,60 @@
+"""The fully-async rollout data layer: samples, batches and metric aggregation.
+
+A clean-room re-implementation of the data structures and helpers of verl's fully-async
+training (``verl/experimental/fully_async_policy/detach_utils.py``), usable with or
+without verl: a rollouter builds one :class:`RolloutSample` per prompt
+(:func:`prepare_single_generation_data`), a trainer assembles many into a training batch
+(:func:`assemble_batch_from_rollout_samples`) and aggregates per-step metrics over one
+parameter version (:class:`MetricsAggregator`). :class:`RolloutBatch` is a small
+``DataProto``-compatible container; the functions also accept verl's ``DataProto``.
+
+Records dumped with trajtrack load with ``torch.load(path, weights_only=True)`` inside
+``torch.serialization.safe_globals(list(SAFE_GLOBALS))``. See ``docs/rollout.md``.
+"""
+
+from __future__ import annotations
+
+from ._assemble import (
+    BalanceBatchFn,
+    addition_process,
+    assemble_batch_from_rollout_samples,
+    compute_response_mask,
+)
+from ._batch import RolloutBatch, to_object_array
+from ._errors import (
+    BatchConflictError,
+    BatchError,
+    BatchKeyError,
+    BatchSizeError,
+    BatchTypeError,
+)
+from ._metrics import MetricsAggregator
+from ._prepare import MULTI_TURN_AGENT, SINGLE_TURN_AGENT, prepare_single_generation_data
+from ._rules import DEFAULT_RULES, Aggregation, AggregationRules, NamePattern
+from ._safe import SAFE_GLOBALS
+from ._samples import RolloutSample, ValidateMetrics
+
+__all__ = [
+    "DEFAULT_RULES",
+    "MULTI_TURN_AGENT",
+    "SAFE_GLOBALS",
+    "SINGLE_TURN_AGENT",
+    "Aggregation",
+    "AggregationRules",
+    "BalanceBatchFn",
+    "BatchConflictError",
+    "BatchError",
+    "BatchKeyError",
+    "BatchSizeError",
+    "BatchTypeError",
+    "MetricsAggregator",
+    "NamePattern",
+    "RolloutBatch",
+    "RolloutSample",
+    "ValidateMetrics",
+    "addition_process",
+    "assemble_batch_from_rollout_samples",
+    "compute_response_mask",
+    "prepare_single_generation_data",
+    "to_object_array",
+]

@@ -1,0 +1,447 @@
+"""A small batch container compatible with verl's ``DataProto``.
+
+:class:`RolloutBatch` keeps the three parts of a ``DataProto`` — tensors sharing a leading
+batch dimension, per-row non-tensor values as numpy arrays, and a free-form ``meta_info``
+dict — with plain dicts instead of a ``TensorDict``, so it has no dependency beyond torch
+and numpy and pickles as plain dicts, tensors and arrays (loadable with
+``torch.load(..., weights_only=True)`` once :data:`trajtrack.rollout.SAFE_GLOBALS` is
+allow-listed).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._equality import values_equal
+from ._errors import BatchConflictError, BatchKeyError, BatchSizeError, BatchTypeError
+
+__all__ = ["RolloutBatch", "to_object_array"]
+
+logger = logging.getLogger(__name__)
+
+# Bumped when the pickled layout of RolloutBatch changes; __setstate__ checks it.
+_STATE_VERSION = 1
+
+
+def to_object_array(values: Iterable[Any]) -> np.ndarray[Any, np.dtype[Any]]:
+    """Build a 1-D ``dtype=object`` array holding each item as one element.
+
+    Unlike ``np.array(values, dtype=object)``, a list of equal-length lists stays 1-D.
+
+    Args:
+        values: The per-row values.
+
+    Returns:
+        A 1-D object array with one element per item.
+    """
+    items = list(values)
+    out = np.empty(len(items), dtype=object)
+    for i, item in enumerate(items):
+        out[i] = item
+    return out
+
+
+@dataclasses.dataclass(eq=False)
+class RolloutBatch:
+    """Tensors, per-row numpy arrays and metadata sharing one batch dimension.
+
+    Attributes:
+        batch: Tensors keyed by name; each has the batch size as its first dimension.
+        non_tensor_batch: Numpy arrays keyed by name (usually 1-D ``dtype=object``), one
+            element per row. Lists and tuples are converted to 1-D object arrays.
+        meta_info: Metadata about the whole batch (not per row).
+
+    Raises:
+        BatchSizeError: A tensor or array does not have the batch size as its first dimension.
+        BatchTypeError: A value is not a tensor (in ``batch``) or an array (in
+            ``non_tensor_batch``).
+    """
+
+    batch: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    non_tensor_batch: dict[str, np.ndarray[Any, Any]] = dataclasses.field(default_factory=dict)
+    meta_info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.batch = dict(self.batch)
+        self.non_tensor_batch = {
+            key: _as_row_array(key, value) for key, value in self.non_tensor_batch.items()
+        }
+        self.meta_info = dict(self.meta_info)
+        self.check_consistency()
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def from_single_dict(
+        cls, data: Mapping[str, Any], meta_info: Mapping[str, Any] | None = None
+    ) -> RolloutBatch:
+        """Split a collated dict into tensors and non-tensors.
+
+        Args:
+            data: Values keyed by name: ``torch.Tensor`` go to :attr:`batch`, ``np.ndarray``
+                to :attr:`non_tensor_batch`.
+            meta_info: Optional metadata.
+
+        Returns:
+            A new batch.
+
+        Raises:
+            BatchTypeError: A value is neither a tensor nor an ndarray.
+        """
+        tensors: dict[str, torch.Tensor] = {}
+        arrays: dict[str, np.ndarray[Any, Any]] = {}
+        for key, value in data.items():
+            if isinstance(value, torch.Tensor):
+                tensors[key] = value
+            elif isinstance(value, np.ndarray):
+                arrays[key] = value
+            else:
+                raise BatchTypeError(
+                    f"unsupported type for key {key!r}: {type(value).__name__} "
+                    "(expected torch.Tensor or numpy.ndarray)"
+                )
+        return cls(tensors, arrays, dict(meta_info or {}))
+
+    @classmethod
+    def from_dict(
+        cls,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        non_tensors: Mapping[str, Any] | None = None,
+        meta_info: Mapping[str, Any] | None = None,
+    ) -> RolloutBatch:
+        """Build a batch from separate tensor and non-tensor mappings.
+
+        Args:
+            tensors: Tensors keyed by name.
+            non_tensors: Per-row values keyed by name (arrays, lists or tuples).
+            meta_info: Optional metadata.
+
+        Returns:
+            A new batch.
+        """
+        return cls(dict(tensors or {}), dict(non_tensors or {}), dict(meta_info or {}))
+
+    # -- invariants -----------------------------------------------------------------------
+
+    def check_consistency(self) -> None:
+        """Check that every tensor and array has the batch size as its first dimension.
+
+        Raises:
+            BatchSizeError: Naming the offending key, its size and the batch size.
+            BatchTypeError: A value in :attr:`batch` is not a tensor.
+        """
+        expected: tuple[str, int] | None = None
+        for key, tensor in self.batch.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise BatchTypeError(
+                    f"batch[{key!r}] must be a torch.Tensor, got {type(tensor).__name__}"
+                )
+            expected = _check_rows(key, _leading_dim(key, tensor.shape), expected)
+        for key, array in self.non_tensor_batch.items():
+            expected = _check_rows(key, _leading_dim(key, array.shape), expected)
+
+    def __len__(self) -> int:
+        for tensor in self.batch.values():
+            return int(tensor.shape[0])
+        for array in self.non_tensor_batch.values():
+            return int(array.shape[0])
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RolloutBatch):
+            return NotImplemented
+        return (
+            values_equal(self.batch, other.batch)
+            and values_equal(self.non_tensor_batch, other.non_tensor_batch)
+            and values_equal(self.meta_info, other.meta_info)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable container, like dict
+
+    def __repr__(self) -> str:
+        tensors = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self.batch.items())
+        arrays = ", ".join(self.non_tensor_batch)
+        return (
+            f"RolloutBatch(len={len(self)}, batch={{{tensors}}}, "
+            f"non_tensor_batch=[{arrays}], meta_info={sorted(self.meta_info)})"
+        )
+
+    # -- pickling: plain dicts of tensors/arrays so weights_only loading works ----------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "version": _STATE_VERSION,
+            "batch": dict(self.batch),
+            "non_tensor_batch": dict(self.non_tensor_batch),
+            "meta_info": dict(self.meta_info),
+        }
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        version = state.get("version")
+        if version != _STATE_VERSION:
+            raise BatchTypeError(f"unsupported RolloutBatch state version {version!r}")
+        self.batch = dict(state["batch"])
+        self.non_tensor_batch = dict(state["non_tensor_batch"])
+        self.meta_info = dict(state["meta_info"])
+        self.check_consistency()
+
+    # -- DataProto-compatible operations ----------------------------------------------------
+
+    @staticmethod
+    def concat(data: Sequence[RolloutBatch]) -> RolloutBatch:
+        """Concatenate batches along the batch dimension.
+
+        All batches must have the same tensor keys and the same non-tensor keys, and
+        tensors under one key must agree on every dimension but the first. ``meta_info``
+        is merged as ``DataProto.concat`` does: ``"metrics"`` entries are collected across
+        batches (lists extended, dicts appended) and, when they are all dicts, turned into
+        a dict of lists; every other key must be equal in every batch that has it.
+
+        Args:
+            data: The batches, in order.
+
+        Returns:
+            A new batch (of the first batch's class).
+
+        Raises:
+            ValueError: ``data`` is empty.
+            BatchKeyError: The batches do not have the same keys.
+            BatchSizeError: Tensors under one key differ beyond the first dimension.
+            BatchConflictError: A ``meta_info`` key has different values.
+        """
+        if not data:
+            raise ValueError("cannot concat an empty list of batches")
+        first = data[0]
+        for index, item in enumerate(data[1:], start=1):
+            _check_same_keys("batch", first.batch.keys(), item.batch.keys(), index)
+            _check_same_keys(
+                "non_tensor_batch",
+                first.non_tensor_batch.keys(),
+                item.non_tensor_batch.keys(),
+                index,
+            )
+        tensors = {key: _cat_tensors(key, [d.batch[key] for d in data]) for key in first.batch}
+        arrays = {
+            key: _cat_arrays(key, [d.non_tensor_batch[key] for d in data])
+            for key in first.non_tensor_batch
+        }
+        return type(first)(tensors, arrays, _merge_meta([d.meta_info for d in data]))
+
+    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> RolloutBatch:
+        """Repeat every row.
+
+        Args:
+            repeat_times: How many copies of each row (at least 1).
+            interleave: ``True`` gives ``[a, a, b, b]``, ``False`` gives ``[a, b, a, b]``.
+
+        Returns:
+            A new batch; ``meta_info`` is a shallow copy.
+
+        Raises:
+            ValueError: ``repeat_times`` is not a positive integer.
+        """
+        if isinstance(repeat_times, bool) or not isinstance(repeat_times, int) or repeat_times < 1:
+            raise ValueError(f"repeat_times must be a positive integer, got {repeat_times!r}")
+        if interleave:
+            tensors = {k: v.repeat_interleave(repeat_times, dim=0) for k, v in self.batch.items()}
+            arrays = {
+                k: np.repeat(v, repeat_times, axis=0) for k, v in self.non_tensor_batch.items()
+            }
+        else:
+            tensors = {
+                k: v.repeat(repeat_times, *([1] * (v.dim() - 1))) for k, v in self.batch.items()
+            }
+            arrays = {
+                k: np.tile(v, (repeat_times,) + (1,) * (v.ndim - 1))
+                for k, v in self.non_tensor_batch.items()
+            }
+        return type(self)(tensors, arrays, dict(self.meta_info))
+
+    def select(
+        self,
+        batch_keys: Iterable[str] | None = None,
+        non_tensor_batch_keys: Iterable[str] | None = None,
+        meta_info_keys: Iterable[str] | None = None,
+        deepcopy: bool = False,
+    ) -> RolloutBatch:
+        """Return a new batch with a subset of the keys (``None`` keeps all of a part).
+
+        Tensors and arrays are shared with this batch unless ``deepcopy`` is true.
+
+        Raises:
+            BatchKeyError: A requested key does not exist.
+        """
+        tensors = _subset("batch", self.batch, batch_keys)
+        arrays = _subset("non_tensor_batch", self.non_tensor_batch, non_tensor_batch_keys)
+        meta = _subset("meta_info", self.meta_info, meta_info_keys)
+        if deepcopy:
+            tensors = {k: v.clone() for k, v in tensors.items()}
+            arrays = copy.deepcopy(arrays)
+            meta = copy.deepcopy(meta)
+        return type(self)(tensors, arrays, meta)
+
+    def pop(
+        self,
+        batch_keys: Iterable[str] | None = None,
+        non_tensor_batch_keys: Iterable[str] | None = None,
+        meta_info_keys: Iterable[str] | None = None,
+    ) -> RolloutBatch:
+        """Remove keys from this batch and return them as a new batch.
+
+        ``None`` pops nothing from that part. Nothing is removed if any key is missing.
+
+        Raises:
+            BatchKeyError: A requested key does not exist.
+        """
+        b_keys = list(batch_keys or [])
+        n_keys = list(non_tensor_batch_keys or [])
+        m_keys = list(meta_info_keys or [])
+        popped = self.select(b_keys, n_keys, m_keys)
+        for key in b_keys:
+            del self.batch[key]
+        for key in n_keys:
+            del self.non_tensor_batch[key]
+        for key in m_keys:
+            del self.meta_info[key]
+        return popped
+
+    def union(self, other: RolloutBatch) -> RolloutBatch:
+        """Merge ``other`` into this batch in place and return ``self``.
+
+        New keys are added; keys present in both must hold equal values.
+
+        Raises:
+            BatchSizeError: The two batches have different lengths.
+            BatchConflictError: A shared key holds different values.
+        """
+        if self._has_rows() and other._has_rows() and len(self) != len(other):
+            raise BatchSizeError(
+                f"cannot union batches of different sizes: {len(self)} and {len(other)}"
+            )
+        for part in ("batch", "non_tensor_batch", "meta_info"):
+            mine: dict[str, Any] = getattr(self, part)
+            theirs: dict[str, Any] = getattr(other, part)
+            for key, value in theirs.items():
+                if key in mine and not values_equal(mine[key], value):
+                    raise BatchConflictError(f"cannot union: {part}[{key!r}] differs")
+        merged_batch = {**self.batch, **other.batch}
+        merged_arrays = {**self.non_tensor_batch, **other.non_tensor_batch}
+        RolloutBatch(merged_batch, merged_arrays)  # validates before we mutate self
+        self.batch, self.non_tensor_batch = merged_batch, merged_arrays
+        self.meta_info.update(other.meta_info)
+        return self
+
+    def reorder(self, indices: torch.Tensor | Sequence[int]) -> None:
+        """Permute the rows in place (what verl's ``_balance_batch`` calls).
+
+        Args:
+            indices: New order, as row indices of the current batch.
+        """
+        index = torch.as_tensor(indices, dtype=torch.long)
+        np_index = index.cpu().numpy()
+        self.batch = {k: v[index.to(v.device)] for k, v in self.batch.items()}
+        self.non_tensor_batch = {k: v[np_index] for k, v in self.non_tensor_batch.items()}
+
+    def _has_rows(self) -> bool:
+        return bool(self.batch or self.non_tensor_batch)
+
+
+def _as_row_array(key: str, value: Any) -> np.ndarray[Any, Any]:
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, list | tuple):
+        return to_object_array(value)
+    raise BatchTypeError(
+        f"non_tensor_batch[{key!r}] must be a numpy array, list or tuple, "
+        f"got {type(value).__name__}"
+    )
+
+
+def _leading_dim(key: str, shape: Sequence[int]) -> int:
+    if len(shape) == 0:
+        raise BatchSizeError(f"{key!r} is a scalar; batch values need a leading batch dimension")
+    return int(shape[0])
+
+
+def _check_rows(key: str, rows: int, expected: tuple[str, int] | None) -> tuple[str, int]:
+    if expected is not None and rows != expected[1]:
+        raise BatchSizeError(
+            f"batch size mismatch: {key!r} has {rows} rows but {expected[0]!r} has {expected[1]}"
+        )
+    return expected or (key, rows)
+
+
+def _check_same_keys(part: str, first: Iterable[str], other: Iterable[str], index: int) -> None:
+    a, b = set(first), set(other)
+    if a != b:
+        raise BatchKeyError(
+            f"cannot concat: {part} keys of batch {index} differ from batch 0 "
+            f"(missing {sorted(a - b)}, extra {sorted(b - a)})"
+        )
+
+
+def _cat_tensors(key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    tail = tuple(tensors[0].shape[1:])
+    for index, tensor in enumerate(tensors):
+        if tuple(tensor.shape[1:]) != tail:
+            raise BatchSizeError(
+                f"cannot concat {key!r}: batch {index} has shape {tuple(tensor.shape)}, "
+                f"batch 0 has trailing dimensions {tail}"
+            )
+    return torch.cat(tensors, dim=0)
+
+
+def _cat_arrays(key: str, arrays: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    try:
+        return np.concatenate(arrays, axis=0)
+    except ValueError as exc:
+        shapes = [a.shape for a in arrays]
+        raise BatchSizeError(f"cannot concat {key!r}: incompatible shapes {shapes}") from exc
+
+
+def _merge_meta(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    metrics: list[Any] = []
+    saw_metrics = False
+    for index, meta in enumerate(metas):
+        for key, value in meta.items():
+            if key == "metrics":
+                saw_metrics = True
+                metrics.extend(value if isinstance(value, list) else [value])
+            elif key not in merged:
+                merged[key] = value
+            elif not values_equal(merged[key], value):
+                raise BatchConflictError(
+                    f"cannot concat: meta_info[{key!r}] of batch {index} "
+                    "differs from earlier batches"
+                )
+    if saw_metrics:
+        merged["metrics"] = _list_of_dicts_to_dict_of_lists(metrics)
+    return merged
+
+
+def _list_of_dicts_to_dict_of_lists(items: list[Any]) -> Any:
+    if not items or not all(isinstance(item, Mapping) for item in items):
+        return items
+    out: dict[str, list[Any]] = {}
+    for item in items:
+        for key, value in item.items():
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def _subset(part: str, source: dict[str, Any], keys: Iterable[str] | None) -> dict[str, Any]:
+    if keys is None:
+        return dict(source)
+    wanted = list(keys)
+    missing = [k for k in wanted if k not in source]
+    if missing:
+        raise BatchKeyError(f"{part} has no key(s) {missing}; available: {sorted(source)}")
+    return {k: source[k] for k in wanted}

@@ -1,0 +1,75 @@
+"""Turning one dataloader item into the batch a rollouter generates from."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ._batch import RolloutBatch, to_object_array
+from ._config import config_bool, config_positive_int
+
+__all__ = [
+    "MULTI_TURN_AGENT",
+    "SINGLE_TURN_AGENT",
+    "prepare_single_generation_data",
+]
+
+logger = logging.getLogger(__name__)
+
+MULTI_TURN_AGENT = "async_partial_tool_agent"
+"""Agent name set when ``actor_rollout_ref.rollout.multi_turn.enable`` is true."""
+
+SINGLE_TURN_AGENT = "partial_single_turn_agent"
+"""Agent name set otherwise."""
+
+_MULTI_TURN_PATH = "actor_rollout_ref.rollout.multi_turn.enable"
+_N_PATH = "actor_rollout_ref.rollout.n"
+
+
+def prepare_single_generation_data(
+    batch_dict: Mapping[str, Any] | Any,
+    config: Any,
+    *,
+    agent_name: str | None = None,
+    batch_cls: Any = RolloutBatch,
+) -> Any:
+    """Build the generation input for one prompt: tag every row and repeat it ``n`` times.
+
+    Every row gets ``non_tensor_batch["agent_name"]`` (an object array), then the batch is
+    repeated ``actor_rollout_ref.rollout.n`` times, interleaved (``[a, a, b, b]``), so the
+    ``n`` trajectories of one prompt are adjacent.
+
+    Args:
+        batch_dict: The collated dataloader dict (tensors and numpy arrays), or an already
+            built batch object (``RolloutBatch`` or verl ``DataProto``), which is used as is.
+        config: Trainer config (OmegaConf, dataclass, namespace or nested dicts). Reads
+            ``actor_rollout_ref.rollout.n`` (required) and
+            ``actor_rollout_ref.rollout.multi_turn.enable`` (false when missing).
+        agent_name: Overrides the agent name chosen from the config:
+            ``"async_partial_tool_agent"`` for multi-turn, ``"partial_single_turn_agent"``
+            otherwise. An ``agent_name`` already in the data is overwritten either way.
+        batch_cls: Class whose ``from_single_dict`` builds the batch from a dict; pass
+            verl's ``DataProto`` to get one back.
+
+    Returns:
+        A new batch of ``len(input) * n`` rows, of ``batch_cls`` (or of the input's class).
+
+    Raises:
+        ConfigurationError: ``rollout.n`` is missing or not a positive integer.
+        BatchTypeError: ``batch_dict`` holds a value that is neither a tensor nor an array.
+    """
+    n = config_positive_int(config, _N_PATH)
+    if agent_name is None:
+        multi_turn = config_bool(config, _MULTI_TURN_PATH, default=False)
+        agent_name = MULTI_TURN_AGENT if multi_turn else SINGLE_TURN_AGENT
+    full_batch: Any
+    if hasattr(batch_dict, "non_tensor_batch"):
+        full_batch = batch_dict
+    else:
+        full_batch = batch_cls.from_single_dict(batch_dict)
+    full_batch.non_tensor_batch["agent_name"] = to_object_array([agent_name] * len(full_batch))
+    logger.debug(
+        "prepared %d row(s) for agent %r, repeating %d times", len(full_batch), agent_name, n
+    )
+    return full_batch.repeat(repeat_times=n, interleave=True)

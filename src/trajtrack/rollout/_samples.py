@@ -1,0 +1,68 @@
+"""The records a fully-async rollouter hands to the trainer.
+
+Both are plain dataclasses: they pickle with the default protocol (``copyreg.__newobj__``
+plus the instance ``__dict__``), which ``torch.load(..., weights_only=True)`` accepts once
+the classes are allow-listed (see :data:`trajtrack.rollout.SAFE_GLOBALS`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["RolloutSample", "ValidateMetrics"]
+
+
+@dataclasses.dataclass
+class RolloutSample:
+    """One prompt's rollout: its generated batch plus bookkeeping.
+
+    Field order follows verl's Jan-2026 ``RolloutSample``, so positional construction as
+    in verl keeps working; every field after ``full_batch`` has a default, so verl 0.9.1's
+    keyword construction (``full_batch``, ``sample_id``, ``epoch``, ``rollout_status``) works
+    too.
+
+    Attributes:
+        full_batch: The prompt batch (one prompt repeated ``rollout.n`` times), replaced by
+            the generated output once generation finishes. A
+            :class:`~trajtrack.rollout.RolloutBatch` or verl's ``DataProto``.
+        agent_loop_output_list: Per-trajectory agent-loop outputs (kept for partial rollouts).
+        sample_id: Identifier, in verl ``f"sample_{epoch}_{step}"``.
+        epoch: Dataloader epoch the prompt came from.
+        processing_times: Per-trajectory generation time in seconds. Used by
+            :func:`~trajtrack.rollout.assemble_batch_from_rollout_samples` only when the
+            batch has no ``processing_times`` column.
+        tool_calls: Per-trajectory tool-call time in seconds (same fallback role).
+        param_version: Parameter version the prompt was submitted under.
+        param_version_start: Per-trajectory parameter version when generation started.
+        param_version_end: Per-trajectory parameter version when generation ended.
+        rollout_status: Rollouter statistics snapshot taken when the sample finished.
+    """
+
+    full_batch: Any
+    agent_loop_output_list: list[Any] = dataclasses.field(default_factory=list)
+    sample_id: str = ""
+    epoch: int = 0
+    processing_times: list[float] = dataclasses.field(default_factory=list)
+    tool_calls: list[float] = dataclasses.field(default_factory=list)
+    param_version: int = 0
+    param_version_start: list[int] = dataclasses.field(default_factory=list)
+    param_version_end: list[int] = dataclasses.field(default_factory=list)
+    rollout_status: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class ValidateMetrics:
+    """Validation results sent from the rollouter to the trainer.
+
+    Attributes:
+        timing_raw: Timings of the validation run, keyed by phase.
+        metrics: Validation metrics, if computed.
+        global_steps: Trainer step the validation belongs to.
+        param_version: Parameter version that was validated.
+    """
+
+    timing_raw: dict[str, Any]
+    metrics: dict[str, Any] | None = None
+    global_steps: int | None = None
+    param_version: int | None = None
