@@ -1,0 +1,69 @@
+"""trajtrack: dump training trajectories to HDFS or local disk without stalling the loop.
+
+The public API is what this module exports; everything in ``trajtrack._*`` is private.
+``trajtrack.rollout`` (the fully-async data layer) and ``trajtrack.ray`` (the Ray adapter) are
+imported explicitly by the users who want them.
+"""
+
+from __future__ import annotations
+
+from trajtrack._exceptions import (
+    ConfigurationError as ConfigurationError,
+    DumpDroppedError as DumpDroppedError,
+    DumpExistsError as DumpExistsError,
+    InvalidNameError as InvalidNameError,
+    MissingDependencyError as MissingDependencyError,
+    QueueFullError as QueueFullError,
+    SerializationError as SerializationError,
+    StorageError as StorageError,
+    StorageNotFoundError as StorageNotFoundError,
+    StoragePermissionError as StoragePermissionError,
+    StorageUnavailableError as StorageUnavailableError,
+    TrackerClosedError as TrackerClosedError,
+    TrackerStateError as TrackerStateError,
+    TrajtrackError as TrajtrackError,
+    UnsafeLoadError as UnsafeLoadError,
+)
+from trajtrack._handle import DumpHandle as DumpHandle
+from trajtrack._queue import FullPolicy as FullPolicy
+from trajtrack._record import DumpRecord as DumpRecord
+from trajtrack._retry import RetryPolicy as RetryPolicy
+from trajtrack._shim import (
+    SyncTracker as SyncTracker,
+    dump_data as dump_data,
+    get_tracker as get_tracker,
+    is_enabled as is_enabled,
+)
+from trajtrack._stats import TrackerStatistics as TrackerStatistics
+from trajtrack._tracker import Tracker as Tracker, TrackerState as TrackerState
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "ConfigurationError",
+    "DumpDroppedError",
+    "DumpExistsError",
+    "DumpHandle",
+    "DumpRecord",
+    "FullPolicy",
+    "InvalidNameError",
+    "MissingDependencyError",
+    "QueueFullError",
+    "RetryPolicy",
+    "SerializationError",
+    "StorageError",
+    "StorageNotFoundError",
+    "StoragePermissionError",
+    "StorageUnavailableError",
+    "SyncTracker",
+    "Tracker",
+    "TrackerClosedError",
+    "TrackerState",
+    "TrackerStatistics",
+    "TrajtrackError",
+    "UnsafeLoadError",
+    "__version__",
+    "dump_data",
+    "get_tracker",
+    "is_enabled",
+)

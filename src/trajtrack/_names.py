@@ -1,0 +1,160 @@
+"""Dump names: validation, the distributed name template, and trajtrack's reserved paths.
+
+A dump name is a relative, ``/``-separated path such as ``"step3/rank0_obs"``; the stored file is
+``<destination>/<name><suffix>`` (``.pth`` by default, the original tracker's layout). Names are
+checked before anything is queued, so a bad name can never write outside the destination.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import string
+from dataclasses import dataclass
+from functools import lru_cache
+
+from trajtrack._exceptions import ConfigurationError, InvalidNameError
+
+__all__ = [
+    "RECORDS_DIR",
+    "WriterIdentity",
+    "is_internal_path",
+    "parse_temp_path",
+    "render_name",
+    "temp_path_for",
+    "validate_name",
+]
+
+#: Hidden folder (below the destination) that holds the record of what was written.
+RECORDS_DIR = ".trajtrack"
+_TEMP_MARK = ".tmp~"
+MAX_COMPONENT_BYTES = 255  # HDFS's default dfs.namenode.fs-limits.max-component-length
+MAX_NAME_BYTES = 4096
+TEMPLATE_FIELDS = frozenset({"name", "rank", "local_rank", "world_size", "pid", "host"})
+
+
+@lru_cache(maxsize=4096)
+def validate_name(name: object) -> str:
+    """Return *name* if it is a safe relative dump name, else raise :class:`InvalidNameError`.
+
+    Rejected: non-strings, empty names, absolute paths, backslashes, empty, ``.`` or ``..``
+    segments, NUL and other control characters, segments starting with ``.`` (reserved for
+    trajtrack's temporary files and records), segments over 255 bytes, names over 4096 bytes.
+    """
+    if not isinstance(name, str):
+        raise InvalidNameError(f"dump name must be a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidNameError("dump name must not be empty")
+    encoded = name.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_NAME_BYTES:
+        raise InvalidNameError(f"dump name is {len(encoded)} bytes long; the limit is 4096")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        raise InvalidNameError(f"dump name {name!r} contains a NUL or control character")
+    if name.startswith("/"):
+        raise InvalidNameError(f"dump name {name!r} is absolute; use a relative path")
+    if "\\" in name:
+        raise InvalidNameError(f"dump name {name!r} contains a backslash; use '/' between parts")
+    for part in name.split("/"):
+        _check_component(name, part)
+    return name
+
+
+def _check_component(name: str, part: str) -> None:
+    if part == "":
+        raise InvalidNameError(f"dump name {name!r} has an empty path segment")
+    if part in (".", ".."):
+        raise InvalidNameError(f"dump name {name!r} contains a {part!r} segment")
+    if part.startswith("."):
+        raise InvalidNameError(
+            f"dump name {name!r}: segments starting with '.' are reserved for trajtrack"
+        )
+    if len(part.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES:
+        raise InvalidNameError(f"dump name {name!r} has a segment longer than 255 bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class WriterIdentity:
+    """Who writes: the values a name template and the record can use."""
+
+    host: str
+    pid: int
+    rank: int
+    local_rank: int
+    world_size: int
+
+    @classmethod
+    def current(cls) -> WriterIdentity:
+        """The identity of this process, ranks from torchrun-style environment variables."""
+        return cls(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            rank=_env_int("RANK", 0),
+            local_rank=_env_int("LOCAL_RANK", 0),
+            world_size=_env_int("WORLD_SIZE", 1),
+        )
+
+
+def _env_int(var: str, default: int) -> int:
+    raw = os.environ.get(var, "")
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        return default
+
+
+def check_template(template: str) -> str:
+    """Validate a name template: only known ``{fields}`` and a ``{name}`` somewhere."""
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as exc:
+        raise ConfigurationError(f"bad name template {template!r}: {exc}") from exc
+    unknown = fields - TEMPLATE_FIELDS
+    if unknown:
+        raise ConfigurationError(
+            f"name template {template!r} uses unknown fields {sorted(unknown)}; "
+            f"known: {sorted(TEMPLATE_FIELDS)}"
+        )
+    if "name" not in fields:
+        raise ConfigurationError(f"name template {template!r} must contain {{name}}")
+    return template
+
+
+def render_name(template: str, name: str, who: WriterIdentity) -> str:
+    """Apply the name template; the result is validated as a whole."""
+    validate_name(name)
+    if template == "{name}":
+        return name
+    return validate_name(
+        template.format(
+            name=name,
+            rank=who.rank,
+            local_rank=who.local_rank,
+            world_size=who.world_size,
+            pid=who.pid,
+            host=who.host,
+        )
+    )
+
+
+def temp_path_for(path: str, who: WriterIdentity) -> str:
+    """A hidden temporary path next to *path*, naming the writing host and pid."""
+    head, _, base = path.rpartition("/")
+    temp = f".{base}{_TEMP_MARK}{who.host}~{who.pid}~{secrets.token_hex(4)}"
+    return f"{head}/{temp}" if head else temp
+
+
+def parse_temp_path(path: str) -> tuple[str, int] | None:
+    """``(host, pid)`` of the writer of a temporary file made by :func:`temp_path_for`."""
+    base = path.rpartition("/")[2]
+    if not base.startswith(".") or _TEMP_MARK not in base:
+        return None
+    parts = base.rpartition(_TEMP_MARK)[2].split("~")
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
+
+
+def is_internal_path(path: str) -> bool:
+    """True for trajtrack's own files (temporary files, records): never a dump."""
+    return any(part.startswith(".") for part in path.split("/"))

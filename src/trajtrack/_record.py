@@ -1,0 +1,95 @@
+"""The record of what was written, kept in the storage itself.
+
+Each tracker appends *segments* below ``<destination>/.trajtrack/records/``: small JSON-lines
+files, one line per committed dump (name, path, size, checksum, writer, time), each written
+atomically like a dump. A segment is written at every ``flush()``, at close and every few
+seconds while dumps commit, so after a crash at most the last few seconds are unrecorded (the
+reader then falls back to listing those files). Segment names carry a per-tracker writer id, so
+any number of processes can record into one destination without coordination.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trajtrack._names import RECORDS_DIR, WriterIdentity
+
+__all__ = ["RECORDS_PREFIX", "DumpRecord", "decode_segment", "encode_segment", "new_writer_id"]
+
+RECORDS_PREFIX = f"{RECORDS_DIR}/records"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DumpRecord:
+    """A committed dump.
+
+    Attributes:
+        name: The dump name after the name template (``"step3/rank0_obs"``).
+        path: The file, relative to the destination (``"step3/rank0_obs.pth"``).
+        size: Bytes written.
+        checksum: ``"crc32:<8 hex digits>"`` of the file's bytes.
+        host: Host name of the writing process.
+        pid: Process id of the writing process.
+        rank: ``RANK`` of the writing process (0 when unset).
+        writer: Id of the tracker that wrote it (one per tracker instance).
+        time: Commit time, seconds since the epoch.
+    """
+
+    name: str
+    path: str
+    size: int
+    checksum: str
+    host: str
+    pid: int
+    rank: int
+    writer: str
+    time: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": FORMAT_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DumpRecord:
+        return cls(
+            name=str(data["name"]),
+            path=str(data["path"]),
+            size=int(data["size"]),
+            checksum=str(data["checksum"]),
+            host=str(data.get("host", "")),
+            pid=int(data.get("pid", 0)),
+            rank=int(data.get("rank", 0)),
+            writer=str(data.get("writer", "")),
+            time=float(data.get("time", 0.0)),
+        )
+
+
+def new_writer_id(who: WriterIdentity) -> str:
+    """A unique id for one tracker instance: host, pid, start time and a random suffix."""
+    return f"{who.host}-{who.pid}-{int(time.time())}-{secrets.token_hex(3)}"
+
+
+def segment_path(writer: str, sequence: int) -> str:
+    return f"{RECORDS_PREFIX}/{writer}-{sequence:06d}.jsonl"
+
+
+def encode_segment(records: list[DumpRecord]) -> bytes:
+    return "".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in records).encode()
+
+
+def decode_segment(data: bytes) -> tuple[list[DumpRecord], int]:
+    """Parse a segment; returns the records and the number of unreadable lines skipped."""
+    records: list[DumpRecord] = []
+    bad = 0
+    for line in data.decode("utf-8", "replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(DumpRecord.from_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError):
+            bad += 1
+    return records, bad

@@ -1,0 +1,296 @@
+"""The synchronous shim: ``dump_data(obj, name)``, a drop-in for verl's tracker.
+
+One process-global tracker runs on its own event loop in a daemon thread (an anyio
+``BlockingPortal``), started eagerly on first use, so it works from plain threads, from sync
+code and from inside a running event loop (the caller's loop is never used, so it cannot
+deadlock). Dumps hand their snapshot to the queue without a round trip to that loop.
+
+At interpreter exit (also at the end of a ``multiprocessing`` child, and on ``SIGTERM`` when
+nobody else handles it) the pending dumps are drained under a time budget, with a progress bar
+on a terminal; what could not be written is logged. After ``fork()`` the child starts with no
+tracker and builds its own on first use: it never inherits the parent's queue, locks or
+connections.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import multiprocessing.util
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+from anyio.from_thread import BlockingPortal
+
+from trajtrack._exceptions import ConfigurationError, TrackerClosedError
+from trajtrack._handle import DumpHandle
+from trajtrack._progress import Progress
+from trajtrack._stats import TrackerStatistics
+from trajtrack._tracker import Tracker
+
+__all__ = ["SyncTracker", "dump_data", "get_tracker", "is_enabled"]
+
+logger = logging.getLogger("trajtrack")
+
+ENABLE_VARS = ("VERL_ENABLE_TRACKER", "TRAJTRACK_ENABLE")
+DIR_VARS = ("TRAJTRACK_DIR", "VERL_TRACKER_HDFS_DIR")
+EXIT_TIMEOUT_VAR = "TRAJTRACK_EXIT_TIMEOUT"
+DEFAULT_EXIT_TIMEOUT = 120.0
+_PROGRESS_AFTER = 1.0  # seconds of silent waiting before a progress bar appears
+
+
+def is_enabled() -> bool:
+    """True when ``VERL_ENABLE_TRACKER`` or ``TRAJTRACK_ENABLE`` is exactly ``"1"``.
+
+    Exactly like the original: ``"true"``, ``"yes"`` or ``"01"`` do not enable it.
+    """
+    return any(os.environ.get(var) == "1" for var in ENABLE_VARS)
+
+
+def _destination_from_env() -> str:
+    for var in DIR_VARS:
+        value = os.environ.get(var)
+        if value:
+            return value
+    raise ConfigurationError(
+        "the trajtrack tracker is enabled but has no destination: set TRAJTRACK_DIR or "
+        "VERL_TRACKER_HDFS_DIR to a local path or an hdfs:// / webhdfs:// URL"
+    )
+
+
+def _exit_timeout_from_env() -> float:
+    raw = os.environ.get(EXIT_TIMEOUT_VAR)
+    if not raw:
+        return DEFAULT_EXIT_TIMEOUT
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{EXIT_TIMEOUT_VAR}={raw!r} is not a number of seconds") from None
+
+
+class SyncTracker:
+    """A :class:`Tracker` driven from synchronous code through its own event-loop thread.
+
+    Args:
+        destination: Where to dump (see :class:`Tracker`).
+        exit_timeout: Seconds the drain at interpreter exit may take.
+        **options: Passed to :class:`Tracker`.
+    """
+
+    def __init__(
+        self,
+        destination: str | os.PathLike[str],
+        *,
+        exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
+        **options: Any,
+    ) -> None:
+        self._pid = os.getpid()
+        self._exit_timeout = exit_timeout
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._tracker = Tracker(destination, **options)
+        self._portal_ready = threading.Event()
+        self._stop = threading.Event()
+        self._portal: BlockingPortal | None = None
+        self._startup_error: BaseException | None = None
+        # A daemon thread of our own (not a ThreadPoolExecutor worker): the interpreter joins
+        # executor threads *before* atexit handlers run, which would deadlock the exit drain.
+        self._thread = threading.Thread(target=self._thread_main, name="trajtrack", daemon=True)
+        self._thread.start()
+        self._portal_ready.wait()
+        if self._startup_error is not None:
+            raise self._startup_error
+        assert self._portal is not None
+        try:
+            self._portal.call(self._tracker.start)
+        except BaseException:
+            self._stop_portal()
+            raise
+
+    def _thread_main(self) -> None:
+        try:
+            anyio.run(self._serve)
+        except BaseException as exc:  # reported to the constructor
+            self._startup_error = exc
+            self._portal_ready.set()
+
+    async def _serve(self) -> None:
+        async with BlockingPortal() as portal:
+            self._portal = portal
+            self._portal_ready.set()
+            await anyio.to_thread.run_sync(self._stop.wait, abandon_on_cancel=True)
+
+    @property
+    def tracker(self) -> Tracker:
+        """The underlying async tracker (lives on the shim's event loop)."""
+        return self._tracker
+
+    def dump(self, obj: Any, name: str, *, timeout: float | None = None) -> DumpHandle:
+        """Snapshot *obj* on this thread and queue it; see :meth:`Tracker.dump_threadsafe`."""
+        self._check_owner()
+        return self._tracker.dump_threadsafe(obj, name, timeout=timeout)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait for every dump so far (the original ``wait_for_hdfs``); re-raise a failure."""
+        self._check_owner()
+        if self._closed:
+            raise TrackerClosedError("cannot flush: the tracker is closed")
+        assert self._portal is not None
+        self._portal.call(self._tracker.flush, timeout)
+
+    def statistics(self) -> TrackerStatistics:
+        """See :meth:`Tracker.statistics`."""
+        return self._tracker.statistics()
+
+    def close(self, timeout: float | None = None, *, progress: bool | None = None) -> None:
+        """Drain under *timeout*, stop the event-loop thread; idempotent.
+
+        Args:
+            timeout: Seconds to wait for pending dumps (``None``: no limit).
+            progress: Show a progress bar on stderr while waiting (default: when stderr is a
+                terminal and the wait lasts over a second).
+        """
+        with self._close_lock:
+            if self._closed or os.getpid() != self._pid:
+                return
+            self._closed = True
+        assert self._portal is not None
+        try:
+            future = self._portal.start_task_soon(self._tracker.aclose, timeout)
+            self._wait_with_progress(future, progress)
+            future.result()
+        finally:
+            self._stop_portal()
+
+    def _wait_with_progress(self, future: Any, progress: bool | None) -> None:
+        start = self.statistics()
+        total = start.pending_items
+        bar: Progress | None = None
+        began = time.monotonic()
+        try:
+            while not future.done():
+                with contextlib.suppress(TimeoutError):
+                    future.exception(timeout=0.2)
+                if bar is None and time.monotonic() - began >= _PROGRESS_AFTER and total:
+                    bar = Progress(total, "trajtrack: writing pending dumps", enabled=progress)
+                if bar is not None:
+                    bar.update(total - self.statistics().pending_items)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _stop_portal(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _check_owner(self) -> None:
+        if os.getpid() != self._pid:
+            raise RuntimeError("this SyncTracker belongs to the parent process")  # not reached
+
+    def _drain_at_exit(self) -> None:
+        if self._closed or os.getpid() != self._pid:
+            return
+        pending = self.statistics().pending_items
+        try:
+            self.close(self._exit_timeout)
+        except TimeoutError as exc:
+            logger.error("trajtrack: %s", exc)
+            return
+        except Exception as exc:
+            logger.error("trajtrack: dumps failed before exit: %s", exc)
+            return
+        if pending:
+            logger.info("trajtrack: wrote %d pending dumps at exit", pending)
+
+
+# --------------------------------------------------------------------------- the global tracker
+
+_global: SyncTracker | None = None
+_global_lock = threading.Lock()
+_hooks_installed = False
+
+
+def get_tracker() -> SyncTracker:
+    """The process-global tracker, created on first use from the environment.
+
+    Destination: ``TRAJTRACK_DIR`` or ``VERL_TRACKER_HDFS_DIR``; exit drain budget:
+    ``TRAJTRACK_EXIT_TIMEOUT`` seconds (default 120).
+
+    Raises:
+        ConfigurationError: No destination is configured.
+    """
+    global _global
+    tracker = _global
+    if tracker is not None:
+        return tracker
+    with _global_lock:
+        if _global is None:
+            _install_hooks()
+            _global = SyncTracker(_destination_from_env(), exit_timeout=_exit_timeout_from_env())
+            _register_exit(_global)
+        return _global
+
+
+def dump_data(obj: Any, name: str) -> DumpHandle | None:
+    """Dump *obj* as *name* through the global tracker; a no-op unless enabled.
+
+    Enabled by ``VERL_ENABLE_TRACKER=1`` (as verl's original) or ``TRAJTRACK_ENABLE=1``.
+    Returns the :class:`DumpHandle`, or ``None`` when disabled.
+    """
+    if not is_enabled():
+        return None
+    return get_tracker().dump(obj, name)
+
+
+def _register_exit(tracker: SyncTracker) -> None:
+    atexit.register(tracker._drain_at_exit)
+    # multiprocessing children end with os._exit(), skipping atexit; their finalizers run.
+    multiprocessing.util.Finalize(tracker, tracker._drain_at_exit, exitpriority=100)
+
+
+def _install_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    os.register_at_fork(after_in_child=_forget_after_fork)
+    if (
+        os.environ.get("TRAJTRACK_HANDLE_SIGTERM", "1") != "0"
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    # Turn SIGTERM into a normal exit, so that the exit drain runs (the default action kills
+    # the process without running atexit handlers).
+    logger.info("trajtrack: SIGTERM received; draining pending dumps before exiting")
+    sys.exit(128 + signum)
+
+
+def _forget_after_fork() -> None:
+    # The child has none of the parent's threads: drop the object without touching its locks.
+    global _global, _global_lock
+    _global = None
+    _global_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _reset_for_tests() -> Iterator[None]:
+    """Close and forget the global tracker around a test."""
+    global _global
+    try:
+        yield
+    finally:
+        tracker, _global = _global, None
+        if tracker is not None:
+            with contextlib.suppress(Exception):
+                tracker.close(timeout=30)

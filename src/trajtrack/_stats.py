@@ -1,0 +1,68 @@
+"""Counters behind ``Tracker.statistics()``."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+__all__ = ["Counters", "TrackerStatistics"]
+
+
+@dataclass(frozen=True, slots=True)
+class TrackerStatistics:
+    """A snapshot of a tracker's counters.
+
+    Attributes:
+        pending_items: Dumps admitted and not yet finished (queued + uploading).
+        pending_bytes: Their snapshot bytes (what the memory budget bounds).
+        queued_items: Dumps waiting for an upload worker.
+        enqueued: Dumps admitted since start.
+        committed: Dumps written and published under their final name.
+        failed: Dumps that ended with an error.
+        dropped: Dumps discarded, by reason (``drop_newest``, ``drop_oldest``, ``closed``).
+        retries: Storage retries after transient failures.
+        bytes_written: Bytes of committed dumps.
+        records_written: Record segments written.
+        commit_latency_p50: Median seconds from admission to commit (last 1024 dumps).
+        commit_latency_p99: 99th percentile of the same.
+    """
+
+    pending_items: int
+    pending_bytes: int
+    queued_items: int
+    enqueued: int
+    committed: int
+    failed: int
+    dropped: dict[str, int]
+    retries: int
+    bytes_written: int
+    records_written: int
+    commit_latency_p50: float | None
+    commit_latency_p99: float | None
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+
+@dataclass
+class Counters:
+    """Mutable counters, updated from the loop and from producer threads."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    enqueued: int = 0
+    committed: int = 0
+    failed: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    retries: int = 0
+    bytes_written: int = 0
+    records_written: int = 0
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
+
+    def percentile(self, q: float) -> float | None:
+        with self.lock:
+            values = sorted(self.latencies)
+        if not values:
+            return None
+        return values[min(len(values) - 1, int(q * len(values)))]

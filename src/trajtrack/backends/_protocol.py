@@ -1,0 +1,128 @@
+"""The storage protocol: the handful of async primitives every backend implements.
+
+Everything else (naming, queues, retries, records) lives in the tracker, so a new backend is a
+few hundred lines at most (fsspec's lesson: a small core, the rest derived).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import BinaryIO, Protocol, runtime_checkable
+
+__all__ = ["ChecksumWriter", "FileInfo", "Payload", "Storage", "WriteResult"]
+
+
+class Payload(Protocol):
+    """Something that can write its bytes into a binary file object.
+
+    ``write_to`` is blocking; backends call it in a worker thread, and may call it again when a
+    write is retried, so it must produce the same bytes every time.
+    """
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated size in bytes (what the tracker's memory budget counts)."""
+        ...
+
+    def write_to(self, out: BinaryIO) -> None:
+        """Write the payload's bytes to *out*."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """A file in a storage, relative to the storage's root."""
+
+    path: str
+    size: int
+    mtime: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What an atomic write committed: its size and checksum (``"crc32:<8 hex>"``)."""
+
+    size: int
+    checksum: str
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """An async storage rooted at one destination; paths are relative, ``/``-separated.
+
+    Implementations translate their own errors into :class:`trajtrack.StorageError` subclasses
+    (``StorageUnavailableError`` for transient failures the tracker retries).
+    """
+
+    @property
+    def url(self) -> str:
+        """The destination this storage writes to, for messages and records."""
+        ...
+
+    async def prepare(self) -> None:
+        """Check the destination is usable and create its root; called once at tracker start."""
+        ...
+
+    async def write_atomic(self, path: str, payload: Payload, *, overwrite: bool) -> WriteResult:
+        """Write *payload* to *path* so that no reader ever sees a partial file there.
+
+        Writes to a hidden temporary name in the same directory, then publishes it by rename.
+        With ``overwrite=False`` an existing *path* raises :class:`trajtrack.DumpExistsError`.
+        """
+        ...
+
+    async def read(self, path: str) -> bytes:
+        """Return the whole content of *path* (``StorageNotFoundError`` if missing)."""
+        ...
+
+    async def list(self, prefix: str = "") -> list[FileInfo]:
+        """Every file below the directory *prefix*, recursively, temporary files included."""
+        ...
+
+    async def stat(self, path: str) -> FileInfo | None:
+        """The file at *path*, or ``None`` when it does not exist."""
+        ...
+
+    async def delete(self, path: str) -> None:
+        """Delete the file at *path*; a missing file is not an error."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections and threads; the storage is unusable afterwards."""
+        ...
+
+
+class ChecksumWriter:
+    """A write-only file wrapper that counts bytes and computes the CRC-32 on the way through.
+
+    CRC-32 rather than SHA-256: it runs at ~4 GB/s here against ~1.7 GB/s, and the record only
+    has to catch truncation and bit rot, not an adversary (``zlib.crc32`` releases the GIL).
+    """
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self._crc = 0
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data)
+        self._crc = zlib.crc32(view, self._crc)
+        self.size += view.nbytes
+        self._out.write(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    @property
+    def checksum(self) -> str:
+        return f"crc32:{self._crc:08x}"
+
+    def result(self) -> WriteResult:
+        return WriteResult(size=self.size, checksum=self.checksum)
+
+
+def checksum_of(data: bytes | memoryview) -> str:
+    """The checksum string of a whole buffer, as :class:`ChecksumWriter` computes it."""
+    return f"crc32:{zlib.crc32(data):08x}"

@@ -1,0 +1,148 @@
+"""The in-memory backend: ``memory://<store>/<prefix>``, for tests, examples and benchmarks.
+
+Stores with the same name are shared inside one process, so a reader opened on the same URL
+sees what a tracker wrote. ``fault`` lets tests inject failures and hangs that a real storage
+cannot produce on demand.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import ClassVar
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.to_thread
+
+from trajtrack._exceptions import DumpExistsError, StorageNotFoundError
+from trajtrack._names import WriterIdentity, temp_path_for
+from trajtrack.backends._protocol import ChecksumWriter, FileInfo, Payload, WriteResult
+
+__all__ = ["MemoryStorage"]
+
+#: ``fault(operation, path)`` is called before each operation, in the worker thread; it may
+#: raise (a failure) or block (a hang). Operations: "write", "commit", "read", "list", "stat",
+#: "delete", "prepare".
+Fault = Callable[[str, str], None]
+
+
+class _Buffer:
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        self.chunks.append(bytes(data))
+        return len(self.chunks[-1])
+
+    def flush(self) -> None:
+        pass
+
+
+class MemoryStorage:
+    """A dict of ``path -> bytes`` shared by name; thread-safe."""
+
+    _stores: ClassVar[dict[str, dict[str, tuple[bytes, float]]]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, url: str = "memory://default", *, fault: Fault | None = None) -> None:
+        parts = urlsplit(url)
+        self._url = url
+        self._store_name = parts.netloc or "default"
+        self._prefix = parts.path.strip("/")
+        self.fault = fault
+        with self._lock:
+            self._files = self._stores.setdefault(self._store_name, {})
+        self._who = WriterIdentity.current()
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @classmethod
+    def reset(cls, store: str | None = None) -> None:
+        """Forget one store (or all of them)."""
+        with cls._lock:
+            if store is None:
+                for files in cls._stores.values():
+                    files.clear()
+            else:
+                cls._stores.get(store, {}).clear()
+
+    def _key(self, path: str) -> str:
+        return f"{self._prefix}/{path}" if self._prefix else path
+
+    def _check(self, operation: str, path: str) -> None:
+        if self.fault is not None:
+            self.fault(operation, path)
+
+    async def prepare(self) -> None:
+        await anyio.to_thread.run_sync(self._check, "prepare", "")
+
+    async def write_atomic(self, path: str, payload: Payload, *, overwrite: bool) -> WriteResult:
+        return await anyio.to_thread.run_sync(self._write_sync, path, payload, overwrite)
+
+    def _write_sync(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
+        self._check("write", path)
+        buffer = _Buffer()
+        writer = ChecksumWriter(buffer)  # type: ignore[arg-type]  # a minimal BinaryIO
+        payload.write_to(writer)  # type: ignore[arg-type]
+        data = b"".join(buffer.chunks)
+        self._check("commit", path)
+        key = self._key(path)
+        with self._lock:
+            if not overwrite and key in self._files:
+                raise DumpExistsError(f"{self._url}/{path} exists (existing-name policy 'error')")
+            self._files[key] = (data, time.time())
+        return writer.result()
+
+    async def read(self, path: str) -> bytes:
+        await anyio.to_thread.run_sync(self._check, "read", path)
+        with self._lock:
+            entry = self._files.get(self._key(path))
+        if entry is None:
+            raise StorageNotFoundError(f"{self._url}/{path} does not exist")
+        return entry[0]
+
+    async def list(self, prefix: str = "") -> list[FileInfo]:
+        await anyio.to_thread.run_sync(self._check, "list", prefix)
+        root = self._key(prefix.strip("/")) if prefix.strip("/") else self._prefix
+        start = f"{root}/" if root else ""
+        cut = len(f"{self._prefix}/") if self._prefix else 0
+        with self._lock:
+            items = list(self._files.items())
+        return sorted(
+            (
+                FileInfo(key[cut:], len(data), mtime)
+                for key, (data, mtime) in items
+                if key.startswith(start)
+            ),
+            key=lambda info: info.path,
+        )
+
+    async def stat(self, path: str) -> FileInfo | None:
+        await anyio.to_thread.run_sync(self._check, "stat", path)
+        with self._lock:
+            entry = self._files.get(self._key(path))
+        return None if entry is None else FileInfo(path, len(entry[0]), entry[1])
+
+    async def delete(self, path: str) -> None:
+        await anyio.to_thread.run_sync(self._check, "delete", path)
+        with self._lock:
+            self._files.pop(self._key(path), None)
+
+    def put_raw(self, path: str, data: bytes) -> None:
+        """Place bytes directly (tests: plant temp files, corrupt dumps)."""
+        with self._lock:
+            self._files[self._key(path)] = (data, time.time())
+
+    def temp_path(self, path: str) -> str:
+        """A temporary name as this process's writer would make it (for tests)."""
+        return temp_path_for(path, self._who)
+
+    async def aclose(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"MemoryStorage({self._url!r})"
