@@ -1,0 +1,110 @@
+"""The storage contract: every backend passes the same tests.
+
+A backend's test module subclasses :class:`StorageContract` and provides a ``storage`` fixture
+that yields a prepared, empty :class:`trajtrack.backends.Storage`.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from trajtrack import DumpExistsError, StorageNotFoundError
+from trajtrack._names import is_internal_path, parse_temp_path
+from trajtrack._snapshot import BytesPayload
+from trajtrack.backends import Storage
+from trajtrack.backends._protocol import checksum_of
+
+
+class _Exploding:
+    """A payload that writes some bytes, then fails (a serializer crashing mid-write)."""
+
+    nbytes = 10
+
+    def write_to(self, out: object) -> None:
+        out.write(b"partial")  # type: ignore[attr-defined]
+        raise RuntimeError("serializer exploded")
+
+
+class StorageContract:
+    async def test_write_then_read(self, storage: Storage) -> None:
+        data = b"hello trajectories"
+        result = await storage.write_atomic("a/b/c.pth", BytesPayload(data), overwrite=True)
+        assert result.size == len(data)
+        assert result.checksum == checksum_of(data)
+        assert await storage.read("a/b/c.pth") == data
+
+    async def test_list_is_recursive_and_relative(self, storage: Storage) -> None:
+        for path, data in {"x.pth": b"1", "d/y.pth": b"22", "d/e/z.pth": b"333"}.items():
+            await storage.write_atomic(path, BytesPayload(data), overwrite=True)
+        listed = {info.path: info.size for info in await storage.list()}
+        assert listed == {"x.pth": 1, "d/y.pth": 2, "d/e/z.pth": 3}
+        below = {info.path for info in await storage.list("d")}
+        assert below == {"d/y.pth", "d/e/z.pth"}
+
+    async def test_stat(self, storage: Storage) -> None:
+        await storage.write_atomic("s.pth", BytesPayload(b"12345"), overwrite=True)
+        info = await storage.stat("s.pth")
+        assert info is not None
+        assert info.size == 5
+        assert await storage.stat("missing.pth") is None
+
+    async def test_overwrite_replaces(self, storage: Storage) -> None:
+        await storage.write_atomic("o.pth", BytesPayload(b"old"), overwrite=True)
+        await storage.write_atomic("o.pth", BytesPayload(b"newer"), overwrite=True)
+        assert await storage.read("o.pth") == b"newer"
+
+    async def test_no_overwrite_refuses_and_keeps_the_old_file(self, storage: Storage) -> None:
+        await storage.write_atomic("k.pth", BytesPayload(b"first"), overwrite=False)
+        with pytest.raises(DumpExistsError):
+            await storage.write_atomic("k.pth", BytesPayload(b"second"), overwrite=False)
+        assert await storage.read("k.pth") == b"first"
+        assert [i.path for i in await storage.list()] == ["k.pth"]  # no temp file left
+
+    async def test_read_missing(self, storage: Storage) -> None:
+        with pytest.raises(StorageNotFoundError):
+            await storage.read("nope.pth")
+        with pytest.raises(FileNotFoundError):  # also a built-in FileNotFoundError
+            await storage.read("nope.pth")
+
+    async def test_delete(self, storage: Storage) -> None:
+        await storage.write_atomic("del.pth", BytesPayload(b"x"), overwrite=True)
+        await storage.delete("del.pth")
+        assert await storage.stat("del.pth") is None
+        await storage.delete("del.pth")  # missing: not an error
+
+    async def test_failed_write_leaves_nothing(self, storage: Storage) -> None:
+        with pytest.raises(RuntimeError, match="exploded"):
+            await storage.write_atomic("f/boom.pth", _Exploding(), overwrite=True)
+        assert await storage.stat("f/boom.pth") is None
+        assert [i.path for i in await storage.list()] == []
+
+    async def test_temp_files_are_hidden_and_parseable(self, storage: Storage) -> None:
+        # What a crashed writer leaves behind must be recognisable as internal.
+        await storage.write_atomic("t/dump.pth", BytesPayload(b"x"), overwrite=True)
+        for info in await storage.list():
+            assert not is_internal_path(info.path)
+            assert parse_temp_path(info.path) is None
+
+    async def test_large_payload(self, storage: Storage) -> None:
+        data = bytes(range(256)) * (5 * 4096)  # 5 MiB
+        result = await storage.write_atomic("big.pth", BytesPayload(data), overwrite=True)
+        assert result.size == len(data)
+        assert await storage.read("big.pth") == data
+
+    async def test_concurrent_writes(self, storage: Storage) -> None:
+        async def write(i: int) -> None:
+            await storage.write_atomic(f"c/{i}.pth", BytesPayload(b"%d" % i), overwrite=True)
+
+        async with anyio.create_task_group() as group:
+            for i in range(20):
+                group.start_soon(write, i)
+        listed = {info.path for info in await storage.list("c")}
+        assert listed == {f"c/{i}.pth" for i in range(20)}
+        assert await storage.read("c/7.pth") == b"7"
+
+    async def test_prepare_is_idempotent(self, storage: Storage) -> None:
+        await storage.prepare()
+        await storage.write_atomic("p.pth", BytesPayload(b"ok"), overwrite=True)
+        await storage.prepare()
+        assert await storage.read("p.pth") == b"ok"

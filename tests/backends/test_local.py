@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from trajtrack import ConfigurationError, StoragePermissionError
+from trajtrack._snapshot import BytesPayload
+from trajtrack.backends import Storage, open_storage
+from trajtrack.backends.local import LocalStorage
+
+from .contract import StorageContract
+
+
+class TestLocalContract(StorageContract):
+    @pytest.fixture
+    async def storage(self, tmp_path: Path) -> AsyncIterator[Storage]:
+        storage = open_storage(str(tmp_path / "dest"))
+        await storage.prepare()
+        yield storage
+        await storage.aclose()
+
+
+class TestLocalFsyncContract(StorageContract):
+    @pytest.fixture
+    async def storage(self, tmp_path: Path) -> AsyncIterator[Storage]:
+        storage = open_storage(f"file://{tmp_path}/dest", fsync=True)
+        await storage.prepare()
+        yield storage
+
+
+async def test_file_url_and_tilde(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    storage = open_storage("~/runs/r1")
+    assert isinstance(storage, LocalStorage)
+    assert storage.root == tmp_path / "runs" / "r1"  # '~' expanded, unlike the original
+    await storage.prepare()
+    assert storage.root.is_dir()
+
+
+async def test_files_get_the_stated_mode(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        storage = LocalStorage(str(tmp_path), file_mode=0o640)
+        await storage.prepare()
+        await storage.write_atomic("m.pth", BytesPayload(b"x"), overwrite=True)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "m.pth").stat().st_mode) == 0o640
+
+
+async def test_destination_that_is_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "afile"
+    target.write_text("not a directory")
+    with pytest.raises(ConfigurationError, match="not a directory"):
+        await LocalStorage(str(target)).prepare()
+
+
+async def test_symlink_out_of_the_destination_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "step1").symlink_to(outside)
+    storage = LocalStorage(str(dest))
+    await storage.prepare()
+    with pytest.raises(StoragePermissionError, match="outside the destination"):
+        await storage.write_atomic("step1/x.pth", BytesPayload(b"x"), overwrite=True)
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+async def test_read_only_destination(tmp_path: Path) -> None:
+    dest = tmp_path / "ro"
+    dest.mkdir()
+    dest.chmod(0o555)
+    with pytest.raises(StoragePermissionError):
+        await LocalStorage(str(dest)).prepare()

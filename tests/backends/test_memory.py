@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from trajtrack.backends import Storage, open_storage
+from trajtrack.backends.memory import MemoryStorage
+
+from .contract import StorageContract
+
+
+class TestMemoryContract(StorageContract):
+    @pytest.fixture
+    async def storage(self) -> AsyncIterator[Storage]:
+        storage = open_storage("memory://contract/run")
+        assert isinstance(storage, MemoryStorage)
+        await storage.prepare()
+        yield storage
+        await storage.aclose()
+
+
+async def test_stores_are_shared_by_name() -> None:
+    from trajtrack._snapshot import BytesPayload
+
+    writer = MemoryStorage("memory://shared/run1")
+    reader = MemoryStorage("memory://shared/run1")
+    other = MemoryStorage("memory://shared/run2")
+    await writer.write_atomic("a.pth", BytesPayload(b"x"), overwrite=True)
+    assert await reader.read("a.pth") == b"x"
+    assert await other.list() == []

@@ -1,0 +1,50 @@
+"""Suite-wide fixtures. Async tests run on asyncio through anyio's pytest plugin (auto mode)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from _support.hdfs_cluster import hdfs_cluster  # noqa: F401  (a session fixture)
+from trajtrack._shim import _reset_for_tests
+from trajtrack.backends.memory import MemoryStorage
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long", action="store_true", default=False, help="run the long-form reliability runs"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="long form: run with --long")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _isolation(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts with no global tracker, no tracker environment and empty memory stores."""
+    for var in (
+        "VERL_ENABLE_TRACKER",
+        "TRAJTRACK_ENABLE",
+        "VERL_TRACKER_HDFS_DIR",
+        "TRAJTRACK_DIR",
+        "TRAJTRACK_EXIT_TIMEOUT",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TRAJTRACK_HANDLE_SIGTERM", "0")
+    MemoryStorage.reset()
+    logging.getLogger("trajtrack").setLevel(logging.DEBUG)
+    with _reset_for_tests():
+        yield
