@@ -30,6 +30,7 @@ class TestLocalFsyncContract(StorageContract):
         storage = open_storage(f"file://{tmp_path}/dest", fsync=True)
         await storage.prepare()
         yield storage
+        await storage.aclose()
 
 
 async def test_file_url_and_tilde(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
