@@ -12,6 +12,7 @@ The tree::
     ├── DumpDroppedError                                   a dump discarded by a drop policy
     ├── SerializationError          (also TypeError)       the object cannot be serialized
     ├── UnsafeLoadError                                    the reader refused to unpickle code
+    ├── DumpLoadError                                      a stored dump cannot be deserialized
     └── StorageError                (also OSError)         the storage failed
         ├── StorageUnavailableError                        transient: retried under a deadline
         ├── StoragePermissionError  (also PermissionError)
@@ -28,6 +29,7 @@ __all__ = [
     "ConfigurationError",
     "DumpDroppedError",
     "DumpExistsError",
+    "DumpLoadError",
     "InvalidNameError",
     "MissingDependencyError",
     "QueueFullError",
@@ -81,6 +83,10 @@ class SerializationError(TrajtrackError, TypeError):
 
 class UnsafeLoadError(TrajtrackError):
     """A dump needs arbitrary unpickling, which the reader refuses unless ``unsafe=True``."""
+
+
+class DumpLoadError(TrajtrackError):
+    """A stored dump could not be deserialized (corrupt, truncated, or not a torch file)."""
 
 
 class StorageError(TrajtrackError, OSError):
