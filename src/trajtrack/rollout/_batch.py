@@ -11,7 +11,6 @@ allow-listed).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -48,32 +47,43 @@ def to_object_array(values: Iterable[Any]) -> np.ndarray[Any, np.dtype[Any]]:
     return out
 
 
-@dataclasses.dataclass(eq=False)
 class RolloutBatch:
     """Tensors, per-row numpy arrays and metadata sharing one batch dimension.
 
-    Attributes:
+    The dicts are copied on construction (the tensors and arrays in them are not).
+
+    Args:
         batch: Tensors keyed by name; each has the batch size as its first dimension.
-        non_tensor_batch: Numpy arrays keyed by name (usually 1-D ``dtype=object``), one
-            element per row. Lists and tuples are converted to 1-D object arrays.
+        non_tensor_batch: Per-row values keyed by name: numpy arrays (usually 1-D
+            ``dtype=object``), or lists/tuples, which become 1-D object arrays.
         meta_info: Metadata about the whole batch (not per row).
+
+    Attributes:
+        batch: Tensors keyed by name.
+        non_tensor_batch: Numpy arrays keyed by name, one element per row.
+        meta_info: Metadata about the whole batch.
 
     Raises:
         BatchSizeError: A tensor or array does not have the batch size as its first dimension.
-        BatchTypeError: A value is not a tensor (in ``batch``) or an array (in
+        BatchTypeError: A value is not a tensor (in ``batch``) or an array, list or tuple (in
             ``non_tensor_batch``).
     """
 
-    batch: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
-    non_tensor_batch: dict[str, np.ndarray[Any, Any]] = dataclasses.field(default_factory=dict)
-    meta_info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    batch: dict[str, torch.Tensor]
+    non_tensor_batch: dict[str, np.ndarray[Any, Any]]
+    meta_info: dict[str, Any]
 
-    def __post_init__(self) -> None:
-        self.batch = dict(self.batch)
+    def __init__(
+        self,
+        batch: Mapping[str, torch.Tensor] | None = None,
+        non_tensor_batch: Mapping[str, np.ndarray[Any, Any] | Sequence[Any]] | None = None,
+        meta_info: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.batch = dict(batch or {})
         self.non_tensor_batch = {
-            key: _as_row_array(key, value) for key, value in self.non_tensor_batch.items()
+            key: _as_row_array(key, value) for key, value in (non_tensor_batch or {}).items()
         }
-        self.meta_info = dict(self.meta_info)
+        self.meta_info = dict(meta_info or {})
         self.check_consistency()
 
     # -- construction -------------------------------------------------------------------
@@ -107,7 +117,7 @@ class RolloutBatch:
                     f"unsupported type for key {key!r}: {type(value).__name__} "
                     "(expected torch.Tensor or numpy.ndarray)"
                 )
-        return cls(tensors, arrays, dict(meta_info or {}))
+        return cls(tensors, arrays, meta_info)
 
     @classmethod
     def from_dict(
@@ -126,7 +136,7 @@ class RolloutBatch:
         Returns:
             A new batch.
         """
-        return cls(dict(tensors or {}), dict(non_tensors or {}), dict(meta_info or {}))
+        return cls(tensors, non_tensors, meta_info)
 
     # -- invariants -----------------------------------------------------------------------
 
