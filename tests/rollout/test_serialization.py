@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trajtrack.rollout import SAFE_GLOBALS, RolloutBatch, RolloutSample, ValidateMetrics
+
+
+def make_sample() -> RolloutSample:
+    batch = RolloutBatch(
+        {
+            "input_ids": torch.tensor([[1, 2, 3], [4, 5, 6]]),
+            "attention_mask": torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool),
+            "old_log_probs": torch.tensor([[-0.5, -1.25, 0.0], [-2.0, -0.125, -1.0]]),
+        },
+        {
+            "uid": np.array(["prompt-7", "prompt-7"], dtype=object),
+            "raw_prompt_ids": [[101, 102], [101, 102, 103]],
+            "index": np.array([7, 7], dtype=object),
+            "reward_extra": [{"acc": 1.0, "tags": ("a", "b")}, None],
+            "score": np.array([0.5, 1.0]),
+            "lang": np.array(["en", "zh"]),
+        },
+        {"global_steps": 3, "temperature": np.float64(0.7), "versions": np.array([1, 2])},
+    )
+    return RolloutSample(
+        full_batch=batch,
+        agent_loop_output_list=[{"turns": 2}],
+        sample_id="sample_0_3",
+        epoch=1,
+        processing_times=[1.5, 2.25],
+        tool_calls=[0.0, 0.5],
+        param_version=4,
+        param_version_start=[3, 4],
+        param_version_end=[4, 4],
+        rollout_status={
+            "count/total_generated_samples": 12,
+            "monitor/queue/mq_queue_size": np.int64(5),
+        },
+    )
+
+
+def safe_load(source: io.BytesIO | Path) -> object:
+    with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+        return torch.load(source, weights_only=True)
+
+
+def test_rollout_sample_round_trips_with_weights_only(tmp_path: Path) -> None:
+    sample = make_sample()
+    path = tmp_path / "sample.pth"
+    torch.save(sample, path)
+    loaded = safe_load(path)
+    assert isinstance(loaded, RolloutSample)
+    assert isinstance(loaded.full_batch, RolloutBatch)
+    assert loaded == sample
+    arrays = loaded.full_batch.non_tensor_batch
+    assert arrays["uid"].dtype == object and arrays["uid"].tolist() == ["prompt-7", "prompt-7"]
+    assert arrays["raw_prompt_ids"][1] == [101, 102, 103]
+    assert arrays["reward_extra"][0] == {"acc": 1.0, "tags": ("a", "b")}
+    assert arrays["lang"].tolist() == ["en", "zh"]
+    assert loaded.full_batch.batch["attention_mask"].dtype == torch.bool
+    assert loaded.rollout_status["monitor/queue/mq_queue_size"] == 5
+
+
+def test_validate_metrics_round_trips_with_weights_only() -> None:
+    metrics = ValidateMetrics(
+        timing_raw={"gen": 1.5}, metrics={"val/score": 0.75}, global_steps=9, param_version=3
+    )
+    buf = io.BytesIO()
+    torch.save(metrics, buf)
+    buf.seek(0)
+    assert safe_load(buf) == metrics
+
+
+def test_weights_only_load_fails_without_allow_list() -> None:
+    buf = io.BytesIO()
+    torch.save(make_sample(), buf)
+    buf.seek(0)
+    with pytest.raises(pickle.UnpicklingError, match="RolloutSample"):
+        torch.load(buf, weights_only=True)
+
+
+def test_safe_globals_lists_our_classes_and_numpy_reconstructors() -> None:
+    names = {getattr(g, "__qualname__", repr(g)) for g in SAFE_GLOBALS}
+    assert {
+        "RolloutSample",
+        "ValidateMetrics",
+        "RolloutBatch",
+        "ndarray",
+        "dtype",
+        "_reconstruct",
+    } <= names
+    assert type(np.dtype(object)) in SAFE_GLOBALS
+
+
+def test_sample_defaults_allow_verl_091_keyword_construction() -> None:
+    sample = RolloutSample(
+        full_batch=None, sample_id="sample_0_1", epoch=0, rollout_status={"a": 1}
+    )
+    assert sample.agent_loop_output_list == [] and sample.param_version == 0
+    assert sample.processing_times == [] and sample.param_version_end == []
