@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
+import functools
 import logging
 import os
 import threading
@@ -201,7 +202,10 @@ class Tracker:
             raise TrackerStateError(f"cannot start: the tracker is {self._state.value}")
         self._loop = asyncio.get_running_loop()
         if self._storage is None:
-            self._storage = open_storage(self._url, **self._storage_options)
+            # Opening may read configuration files (HADOOP_CONF_DIR): not on the loop.
+            self._storage = await anyio.to_thread.run_sync(
+                functools.partial(open_storage, self._url, **self._storage_options)
+            )
         await self._storage.prepare()
         self._queue = PendingQueue(self._loop, self._max_bytes, self._max_items, self._dropped)
         self._record_lock = asyncio.Lock()

@@ -1,0 +1,196 @@
+"""The sync shim: dump_data / get_tracker, from threads, inside loops, at exit, after fork."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import trajtrack
+from trajtrack import ConfigurationError, SyncTracker
+
+
+@pytest.fixture
+def enabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    dest = tmp_path / "dumps"
+    monkeypatch.setenv("VERL_ENABLE_TRACKER", "1")
+    monkeypatch.setenv("VERL_TRACKER_HDFS_DIR", str(dest))
+    return dest
+
+
+def run_child(
+    code: str, env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **env}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("value", ["0", "true", "yes", "01", ""])
+def test_disabled_shim_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("VERL_ENABLE_TRACKER", value)
+    monkeypatch.setenv("VERL_TRACKER_HDFS_DIR", str(tmp_path / "d"))
+    assert trajtrack.dump_data({"x": torch.ones(1)}, "nothing") is None
+    assert not (tmp_path / "d").exists()
+
+
+def test_missing_destination_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERL_ENABLE_TRACKER", "1")
+    with pytest.raises(ConfigurationError, match="VERL_TRACKER_HDFS_DIR"):
+        trajtrack.dump_data({"x": torch.ones(1)}, "x")
+
+
+def test_trajtrack_own_switch_and_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAJTRACK_ENABLE", "1")
+    monkeypatch.setenv("TRAJTRACK_DIR", str(tmp_path / "own"))
+    handle = trajtrack.dump_data({"x": torch.ones(1)}, "own")
+    assert handle is not None
+    assert handle.result(timeout=30).path == "own.pth"
+    assert (tmp_path / "own" / "own.pth").exists()
+
+
+def test_dump_data_from_many_threads(enabled: Path) -> None:
+    def worker(rank: int) -> None:
+        for i in range(25):
+            trajtrack.dump_data({"rank": torch.tensor(rank), "i": torch.tensor(i)}, f"t{rank}/{i}")
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    tracker = trajtrack.get_tracker()
+    tracker.flush(timeout=60)
+    stats = tracker.statistics()
+    assert stats.committed == 200
+    assert len(list(enabled.glob("t*/*.pth"))) == 200
+    assert torch.load(enabled / "t5" / "7.pth")["i"].item() == 7
+
+
+def test_mutation_after_dump_data_is_harmless(enabled: Path) -> None:
+    obs = torch.zeros(3)
+    handle = trajtrack.dump_data({"obs": obs}, "obs")
+    obs.fill_(9)
+    assert handle is not None
+    record = handle.result(timeout=30)
+    assert torch.equal(torch.load(enabled / record.path)["obs"], torch.zeros(3))
+
+
+def test_dump_data_and_flush_inside_a_running_event_loop(enabled: Path) -> None:
+    async def coroutine() -> None:
+        # Sync API called from a coroutine: the shim's own loop does the work, no deadlock.
+        for i in range(10):
+            trajtrack.dump_data({"i": torch.tensor(i)}, f"loop/{i}")
+        trajtrack.get_tracker().flush(timeout=30)
+
+    asyncio.run(coroutine())
+    assert len(list((enabled / "loop").glob("*.pth"))) == 10
+
+
+def test_flush_reraises_a_failure(tmp_path: Path) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    tracker = SyncTracker(str(tmp_path / "d"))
+    try:
+        (tmp_path / "d" / "sub").write_text("a file where a directory is needed")
+        handle = tracker.dump({"x": torch.ones(1)}, "sub/x")
+        with pytest.raises(trajtrack.StorageError):
+            handle.result(timeout=30)
+        with pytest.raises(trajtrack.StorageError):
+            tracker.flush(timeout=30)
+        tracker.dump({"x": torch.ones(1)}, "ok").result(timeout=30)  # still usable
+    finally:
+        tracker.close(timeout=30)
+    with pytest.raises(trajtrack.TrackerClosedError):
+        tracker.dump({"x": torch.ones(1)}, "late")
+
+
+def test_pending_dumps_are_written_at_interpreter_exit(tmp_path: Path) -> None:
+    dest = tmp_path / "exit"
+    result = run_child(
+        """
+        import torch, trajtrack
+        for i in range(300):
+            trajtrack.dump_data({"i": torch.full((256,), i)}, f"pending/{i}")
+        print("pending", trajtrack.get_tracker().statistics().pending_items > 0)
+        """,
+        {"VERL_ENABLE_TRACKER": "1", "VERL_TRACKER_HDFS_DIR": str(dest)},
+    )
+    assert result.returncode == 0, result.stderr
+    files = list((dest / "pending").glob("*.pth"))
+    assert len(files) == 300
+    assert torch.load(dest / "pending" / "299.pth")["i"][0].item() == 299
+    records = list((dest / ".trajtrack" / "records").glob("*.jsonl"))
+    assert sum(len(r.read_text().splitlines()) for r in records) == 300
+
+
+def test_exit_budget_is_honoured_and_reported(tmp_path: Path) -> None:
+    # A storage that never finishes: the process must still exit, within the budget, and say
+    # how many dumps were lost.
+    result = run_child(
+        """
+        import threading, torch, trajtrack
+        from trajtrack.backends import register_backend
+        from trajtrack.backends.memory import MemoryStorage
+        never = threading.Event()
+        def hang(op, path):
+            if op == "write":
+                never.wait()
+        register_backend("hang", lambda url, **kw: MemoryStorage("memory://hang", fault=hang))
+        for i in range(5):
+            trajtrack.dump_data({"i": torch.tensor(i)}, f"x{i}")
+        """,
+        {
+            "VERL_ENABLE_TRACKER": "1",
+            "VERL_TRACKER_HDFS_DIR": "hang://nowhere",
+            "TRAJTRACK_EXIT_TIMEOUT": "1",
+        },
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "5 dumps were not written within 1.0 s" in result.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_starts_clean(enabled: Path) -> None:
+    parent_handles = [trajtrack.dump_data({"p": torch.tensor(i)}, f"parent/{i}") for i in range(50)]
+    parent = trajtrack.get_tracker()
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh tracker of its own, none of the parent's backlog
+        code = 1
+        try:
+            child = trajtrack.get_tracker()
+            ok = child is not parent and child.statistics().enqueued == 0
+            trajtrack.dump_data({"c": torch.tensor(1)}, "child/only")
+            child.flush(timeout=30)
+            ok = ok and child.statistics().committed == 1
+            child.close(timeout=30)
+            code = 0 if ok else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    for handle in parent_handles:
+        assert handle is not None
+        handle.result(timeout=30)
+    parent.flush(timeout=30)
+    assert parent.statistics().committed == 50
+    assert len(list((enabled / "parent").glob("*.pth"))) == 50
+    assert (enabled / "child" / "only.pth").exists()
