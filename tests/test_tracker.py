@@ -368,7 +368,7 @@ async def test_retries_stop_at_the_deadline() -> None:
     retry = RetryPolicy(initial_backoff=0.01, max_backoff=0.02, deadline=0.2)
     async with memory_tracker(fault, retry=retry) as tracker:
         handle = await tracker.dump(tiny(0), "doomed")
-        with pytest.raises(StorageUnavailableError, match="gave up writing 'doomed.pth'"):
+        with pytest.raises(StorageUnavailableError, match=r"gave up writing 'doomed\.pth'"):
             await handle
         with pytest.raises(StorageUnavailableError):
             await tracker.flush()
