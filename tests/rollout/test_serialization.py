@@ -104,3 +104,17 @@ def test_sample_defaults_allow_verl_091_keyword_construction() -> None:
     )
     assert sample.agent_loop_output_list == [] and sample.param_version == 0
     assert sample.processing_times == [] and sample.param_version_end == []
+
+
+def test_sample_equality_is_deep_and_array_aware() -> None:
+    a = make_sample()
+    b = make_sample()
+    a.rollout_status["hist"] = np.array([1, 2])
+    b.rollout_status["hist"] = np.array([1, 2])
+    assert a == b
+    b.agent_loop_output_list.append(torch.ones(2))
+    assert a != b
+    assert a != "not a sample"
+    assert ValidateMetrics(timing_raw={"t": torch.tensor(1.0)}) == ValidateMetrics(
+        timing_raw={"t": torch.tensor(1.0)}
+    )

@@ -42,7 +42,8 @@ def prepare_single_generation_data(
 
     Args:
         batch_dict: The collated dataloader dict (tensors and numpy arrays), or an already
-            built batch object (``RolloutBatch`` or verl ``DataProto``), which is used as is.
+            built batch object (``RolloutBatch`` or verl ``DataProto``), whose ``agent_name``
+            column is then set in place before it is repeated.
         config: Trainer config (OmegaConf, dataclass, namespace or nested dicts). Reads
             ``actor_rollout_ref.rollout.n`` (required) and
             ``actor_rollout_ref.rollout.multi_turn.enable`` (false when missing).

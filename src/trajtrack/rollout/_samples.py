@@ -1,6 +1,8 @@
 """The records a fully-async rollouter hands to the trainer.
 
-Both are plain dataclasses: they pickle with the default protocol (``copyreg.__newobj__``
+Both are plain dataclasses whose ``==`` compares field by field with tensor- and
+array-aware deep equality (a dataclass's generated ``==`` would fail on a tensor or an
+array inside a field). They pickle with the default protocol (``copyreg.__newobj__``
 plus the instance ``__dict__``), which ``torch.load(..., weights_only=True)`` accepts once
 the classes are allow-listed (see :data:`trajtrack.rollout.SAFE_GLOBALS`).
 """
@@ -10,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ._equality import values_equal
+
 __all__ = ["RolloutSample", "ValidateMetrics"]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class RolloutSample:
     """One prompt's rollout: its generated batch plus bookkeeping.
 
@@ -50,8 +54,15 @@ class RolloutSample:
     param_version_end: list[int] = dataclasses.field(default_factory=list)
     rollout_status: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return _fields_equal(self, other)
 
-@dataclasses.dataclass
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the generated dataclass
+
+
+@dataclasses.dataclass(eq=False)
 class ValidateMetrics:
     """Validation results sent from the rollouter to the trainer.
 
@@ -66,3 +77,14 @@ class ValidateMetrics:
     metrics: dict[str, Any] | None = None
     global_steps: int | None = None
     param_version: int | None = None
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return _fields_equal(self, other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the generated dataclass
+
+
+def _fields_equal(a: Any, b: Any) -> bool:
+    return all(values_equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
