@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
@@ -64,6 +64,10 @@ __all__ = ["Tracker", "TrackerState"]
 logger = logging.getLogger("trajtrack")
 
 ExistingPolicy = Literal["overwrite", "error"]
+
+#: Seconds close() still gives cancelled workers, the final record and the storage's aclose
+#: once its budget is spent (each bounded: a hanging storage costs at most 3 x this).
+_GRACE = 1.0
 
 
 class TrackerState(enum.Enum):
@@ -272,8 +276,9 @@ class Tracker:
         self._queue.close()
         self._stop_ticker.set()  # the runner's task group ends when workers and ticker have
         try:
+            deadline = None if timeout is None else time.monotonic() + timeout
             unfinished = await self._drain(timeout)
-            await self._finish()
+            await self._finish(deadline)
         finally:
             self._state = TrackerState.CLOSED
             assert self._close_done is not None
@@ -296,19 +301,25 @@ class Tracker:
             self._settle(job, error=TimeoutError("not written before the close deadline"))
         if self._task_group is not None:
             self._task_group.cancel_scope.cancel()
-        await asyncio.wait({self._runner}, timeout=5.0)
+        # Workers blocked in a storage thread cannot be cancelled: do not wait long for them.
+        await asyncio.wait({self._runner}, timeout=_GRACE)
         count = len(abandoned) + in_flight
         logger.error("closing %s: %d dumps were not written within %s s", self._url, count, timeout)
         return count
 
-    async def _finish(self) -> None:
+    async def _finish(self, deadline: float | None) -> None:
+        # A storage that hangs must not hang close(): fail_after cannot interrupt a blocking
+        # call in a worker thread, so these steps are abandoned (not awaited) past the budget.
+        left = 30.0 if deadline is None else max(_GRACE, deadline - time.monotonic())
         try:
-            with anyio.fail_after(30):
-                await self._write_record()
-        except (StorageError, TimeoutError) as exc:
+            if not await _finished_within(self._write_record(), left):
+                logger.error("could not write the final record segment to %s in time", self._url)
+        except StorageError as exc:
             logger.error("could not write the final record segment to %s: %s", self._url, exc)
-        if self._storage is not None:
-            await self._storage.aclose()
+        if self._storage is not None and not await _finished_within(
+            self._storage.aclose(), 30.0 if deadline is None else _GRACE
+        ):
+            logger.error("closing the storage of %s did not finish in time", self._url)
         logger.debug("tracker closed: %s", self._url)
 
     # ------------------------------------------------------------------ dumping
@@ -381,6 +392,28 @@ class Tracker:
         deadline = None if timeout is None else time.monotonic() + timeout
         assert self._queue is not None
         self._queue.put_blocking(job, self._policy, deadline)
+        return self._admitted(job)
+
+    async def _dump_serialized(
+        self,
+        data: bytes | bytearray | memoryview,
+        name: str,
+        who: WriterIdentity,
+        *,
+        timeout: float | None = None,
+    ) -> DumpHandle:
+        """Queue bytes another process already serialized (the Ray adapter's actor uses it).
+
+        The snapshot was taken by the caller, so nothing is copied or serialized here. The name
+        template is applied with *who*, the identity of the process that made the dump, not
+        this tracker's own.
+        """
+        self._check_running()
+        path = render_name(self._template, name, who) + self._suffix
+        job = self._job(name, path, BytesPayload(data))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        assert self._queue is not None
+        await self._queue.put(job, self._policy, deadline)
         return self._admitted(job)
 
     def _in_own_loop(self) -> bool:
@@ -630,6 +663,17 @@ class Tracker:
 
     def __repr__(self) -> str:
         return f"<Tracker {self._url!r} {self._state.value}>"
+
+
+async def _finished_within(coro: Coroutine[Any, Any, None], seconds: float) -> bool:
+    """Run *coro* for at most *seconds*; past that, cancel it without waiting for it."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()  # takes effect when its blocked thread returns, if ever
+        return False
+    task.result()  # re-raise its error
+    return True
 
 
 async def _wait_all(futures: list[concurrent.futures.Future[DumpRecord]]) -> None:
