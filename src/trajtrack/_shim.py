@@ -44,6 +44,7 @@ DIR_VARS = ("TRAJTRACK_DIR", "VERL_TRACKER_HDFS_DIR")
 EXIT_TIMEOUT_VAR = "TRAJTRACK_EXIT_TIMEOUT"
 DEFAULT_EXIT_TIMEOUT = 120.0
 _PROGRESS_AFTER = 1.0  # seconds of silent waiting before a progress bar appears
+_CLOSE_GRACE = 5.0  # seconds past the close budget before the shim stops waiting for the tracker
 
 
 def is_enabled() -> bool:
@@ -162,20 +163,32 @@ class SyncTracker:
                 return
             self._closed = True
         assert self._portal is not None
+        # The tracker bounds its own close, but this thread must not depend on that: past the
+        # budget (plus the tracker's grace) give up, so that a process always gets to exit.
+        deadline = None if timeout is None else time.monotonic() + timeout + _CLOSE_GRACE
+        finished = False
         try:
             future = self._portal.start_task_soon(self._tracker.aclose, timeout)
-            self._wait_with_progress(future, progress)
+            self._wait_with_progress(future, progress, deadline)
+            if not future.done():
+                raise TimeoutError(
+                    f"closing {self._tracker.destination}: gave up after {timeout} s; "
+                    f"{self.statistics().pending_items} dumps were not written"
+                )
+            finished = True
             future.result()
         finally:
-            self._stop_portal()
+            self._stop_portal(10 if finished else 1)
 
-    def _wait_with_progress(self, future: Any, progress: bool | None) -> None:
+    def _wait_with_progress(
+        self, future: Any, progress: bool | None, deadline: float | None = None
+    ) -> None:
         start = self.statistics()
         total = start.pending_items
         bar: Progress | None = None
         began = time.monotonic()
         try:
-            while not future.done():
+            while not future.done() and (deadline is None or time.monotonic() < deadline):
                 with contextlib.suppress(TimeoutError):
                     future.exception(timeout=0.2)
                 if bar is None and time.monotonic() - began >= _PROGRESS_AFTER and total:
@@ -186,9 +199,9 @@ class SyncTracker:
             if bar is not None:
                 bar.close()
 
-    def _stop_portal(self) -> None:
+    def _stop_portal(self, join_timeout: float = 10) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=join_timeout)
 
     def _check_owner(self) -> None:
         if os.getpid() != self._pid:
