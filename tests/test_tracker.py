@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import threading
@@ -131,6 +132,26 @@ async def test_large_plain_objects_are_copied_off_the_loop(tmp_path: Path) -> No
         big.zero_()
         record = await handle
     assert torch.equal(load(tmp_path / record.path)["big"], torch.arange(600_000.0))
+    # It was serialized into a spool file in the destination and renamed into place.
+    assert list((tmp_path / ".trajtrack" / "spool").iterdir()) == []
+    assert record.size == (tmp_path / record.path).stat().st_size
+
+
+async def test_large_snapshots_stream_from_the_spool_to_other_storages(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    big = torch.arange(600_000, dtype=torch.float32)
+    storage = MemoryStorage("memory://spooled/run")
+    async with Tracker(
+        "memory://spooled/run", storage=storage, inline_snapshot_bytes=1 << 20, spool_dir=str(spool)
+    ) as tracker:
+        handle = await tracker.dump({"big": big}, "big")
+        big.zero_()
+        record = await handle
+    data = await storage.read(record.path)
+    assert len(data) == record.size
+    assert torch.equal(torch.load(io.BytesIO(data))["big"], torch.arange(600_000.0))
+    assert list(spool.iterdir()) == []  # the spool file is gone once written
 
 
 # --------------------------------------------------------------------------- completeness

@@ -19,7 +19,9 @@ load on machines without GPUs.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import pickle
 import shutil
 import tempfile
@@ -35,10 +37,13 @@ from trajtrack._exceptions import SerializationError
 
 __all__ = [
     "BytesPayload",
+    "FilePayload",
     "ObjectPayload",
+    "has_cuda_tensor",
     "Serializer",
     "SpoolPayload",
     "measure_plain",
+    "serialize_to_file",
     "serialize_to_spool",
     "snapshot_plain",
     "torch_save",
@@ -108,6 +113,20 @@ def measure_plain(obj: Any, depth: int = 0) -> int:
     if isinstance(obj, _IMMUTABLE):
         return len(obj) if isinstance(obj, str | bytes) else _PER_ITEM_OVERHEAD
     raise NotPlainError(type(obj).__name__)
+
+
+def has_cuda_tensor(obj: Any, depth: int = 0) -> bool:
+    """True if plain data *obj* holds a CUDA tensor (call after :func:`measure_plain`)."""
+    kind = type(obj)
+    if kind is torch.Tensor:
+        return bool(obj.is_cuda)
+    if depth > _MAX_DEPTH:
+        return False
+    if kind is dict:
+        return any(has_cuda_tensor(v, depth + 1) for v in obj.values())
+    if kind is list or kind is tuple:
+        return any(has_cuda_tensor(v, depth + 1) for v in obj)
+    return False
 
 
 @dataclass
@@ -265,6 +284,71 @@ class SpoolPayload:
 
     def __del__(self) -> None:
         self._spool.close()
+
+
+class FilePayload:
+    """A snapshot serialized into a named spool file (large plain payloads).
+
+    Serializing a big tensor dict straight into a file is faster than copying it in memory
+    (fresh pages fault in at ~450 MB/s here; ``torch.save`` to a file runs at ~900 MB/s) and
+    holds no RAM. A backend on the same filesystem can :meth:`move_to` the file into place
+    instead of copying it; the others stream it with :meth:`write_to`. The file is deleted
+    when the payload is released or garbage-collected.
+    """
+
+    def __init__(self, path: str, size: int, checksum: str) -> None:
+        self.path = path
+        self.size = size
+        self.checksum = checksum
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return self.size
+
+    def write_to(self, out: BinaryIO) -> None:
+        with self._lock, open(self.path, "rb") as handle:
+            shutil.copyfileobj(handle, out, _COPY_CHUNK)
+
+    def move_to(self, target: str) -> bool:
+        """Rename the spool file to *target*; False if not possible (other filesystem)."""
+        with self._lock:
+            try:
+                os.replace(self.path, target)
+            except OSError:
+                return False
+            self.path = ""
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            path, self.path = self.path, ""
+        if path:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def serialize_to_file(obj: Any, serializer: Serializer, path: str) -> FilePayload:
+    """Serialize *obj* now (blocking; call it in a worker thread) into a new file at *path*."""
+    from trajtrack.backends._protocol import ChecksumWriter
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    try:
+        with os.fdopen(os.open(path, flags, 0o600), "wb", buffering=_COPY_CHUNK) as handle:
+            writer = ChecksumWriter(handle)
+            serializer(obj, writer)  # type: ignore[arg-type]  # a minimal BinaryIO
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        if isinstance(exc, OSError | SerializationError) or not isinstance(exc, Exception):
+            raise
+        raise SerializationError(
+            f"could not serialize {type(obj).__name__} for the dump: {exc}"
+        ) from exc
+    return FilePayload(path, writer.size, writer.checksum)
 
 
 def serialize_to_spool(

@@ -18,6 +18,7 @@ import enum
 import functools
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Coroutine, Mapping
@@ -41,6 +42,7 @@ from trajtrack._names import (
     check_template,
     parse_temp_path,
     render_name,
+    temp_path_for,
     validate_name,
 )
 from trajtrack._queue import FullPolicy, Job, PendingQueue
@@ -51,13 +53,15 @@ from trajtrack._snapshot import (
     NotPlainError,
     ObjectPayload,
     Serializer,
+    has_cuda_tensor,
     measure_plain,
+    serialize_to_file,
     serialize_to_spool,
     snapshot_plain,
     torch_save,
 )
 from trajtrack._stats import Counters, TrackerStatistics
-from trajtrack.backends import Storage, open_storage
+from trajtrack.backends import Payload, Storage, open_storage
 
 __all__ = ["Tracker", "TrackerState"]
 
@@ -101,12 +105,14 @@ class Tracker:
             to the CPU.
         retry: Retries of transient storage failures.
         exit_timeout: Budget in seconds for draining when the ``async with`` block exits.
-        inline_snapshot_bytes: Plain snapshots up to this size are copied on the caller's
-            thread; larger ones in a worker thread (the event loop never copies big tensors).
+        inline_snapshot_bytes: Plain data up to this size is copied on the caller's thread
+            (a 4 MB copy takes well under a millisecond); larger data is serialized in a worker
+            thread into a spool file while ``dump()`` awaits, so the loop never copies it.
         record: Write the record of what was written (``.trajtrack/records``).
         record_interval: Seconds between record segments while dumps commit.
         sweep_stale: At start, delete temporary files left by dead processes of this host.
-        spool_dir: Where serialized snapshots larger than 8 MB spill (default: system temp).
+        spool_dir: Where large serialized snapshots spill (default: inside a local
+            destination, else the system temporary directory).
         storage: An already-open storage to use instead of opening *destination*.
         storage_options: Keyword arguments for the storage backend (e.g. ``fsync=True``).
     """
@@ -125,7 +131,7 @@ class Tracker:
         serializer: Serializer = torch_save,
         retry: RetryPolicy | None = None,
         exit_timeout: float | None = 600.0,
-        inline_snapshot_bytes: int = 1 << 20,
+        inline_snapshot_bytes: int = 4 << 20,
         record: bool = True,
         record_interval: float = 5.0,
         sweep_stale: bool = True,
@@ -431,28 +437,37 @@ class Tracker:
     def _path_for(self, name: str) -> str:
         return render_name(self._template, name, self._who) + self._suffix
 
-    async def _snapshot_async(self, obj: Any) -> ObjectPayload | BytesPayload | Any:
-        try:
-            nbytes = measure_plain(obj)
-        except NotPlainError:
-            # Serialization is the snapshot; it holds the GIL in pieces, so never on the loop.
-            return await anyio.to_thread.run_sync(
-                serialize_to_spool,
-                obj,
-                self._serializer,
-                self._spool_dir,
-                limiter=self._snapshot_limiter,
-            )
-        if nbytes <= self._inline_bytes:
+    async def _snapshot_async(self, obj: Any) -> Payload:
+        nbytes = _plain_size(obj)
+        if self._copy_inline(obj, nbytes):
             return self._plain(obj)
-        return await anyio.to_thread.run_sync(self._plain, obj, limiter=self._snapshot_limiter)
+        # Serialization (or a big copy) holds the GIL in pieces: never on the event loop.
+        return await anyio.to_thread.run_sync(
+            self._snapshot_blocking, obj, nbytes, limiter=self._snapshot_limiter
+        )
 
-    def _snapshot_sync(self, obj: Any) -> ObjectPayload | Any:
-        try:
-            measure_plain(obj)
-        except NotPlainError:
+    def _snapshot_sync(self, obj: Any) -> Payload:
+        nbytes = _plain_size(obj)
+        if self._copy_inline(obj, nbytes):
+            return self._plain(obj)
+        return self._snapshot_blocking(obj, nbytes)
+
+    def _copy_inline(self, obj: Any, nbytes: int | None) -> bool:
+        # Small plain data is copied on the caller's thread (microseconds). CUDA tensors too, at
+        # any size: the copy is a device clone plus an asynchronous device-to-host transfer.
+        return nbytes is not None and (nbytes <= self._inline_bytes or has_cuda_tensor(obj))
+
+    def _snapshot_blocking(self, obj: Any, nbytes: int | None) -> Payload:
+        if nbytes is None:  # not plain data: the serialized bytes are the snapshot
             return serialize_to_spool(obj, self._serializer, self._spool_dir)
-        return self._plain(obj)
+        # Large plain data: serialize straight into a spool file (faster than copying it in
+        # memory, and holds no RAM); a local destination then renames it into place.
+        spool = os.path.join(self._spool_base(), temp_path_for("spool", self._who))
+        return serialize_to_file(obj, self._serializer, spool)
+
+    def _spool_base(self) -> str:
+        storage_spool = getattr(self._storage, "spool_dir", None)
+        return str(storage_spool or self._spool_dir or tempfile.gettempdir())
 
     def _plain(self, obj: Any) -> ObjectPayload:
         payload = snapshot_plain(obj)
@@ -696,6 +711,13 @@ async def _wait_all(futures: list[concurrent.futures.Future[DumpRecord]]) -> Non
     for future in pending:
         future.add_done_callback(one_done)
     await all_done.wait()
+
+
+def _plain_size(obj: Any) -> int | None:
+    try:
+        return measure_plain(obj)
+    except NotPlainError:
+        return None
 
 
 def _require(condition: bool, message: str) -> None:

@@ -30,12 +30,27 @@ from trajtrack._exceptions import (
     StorageNotFoundError,
     StoragePermissionError,
 )
-from trajtrack._names import WriterIdentity, temp_path_for
+from trajtrack._names import RECORDS_DIR, WriterIdentity, temp_path_for
 from trajtrack.backends._protocol import ChecksumWriter, FileInfo, Payload, WriteResult
 
 __all__ = ["LocalStorage"]
 
 _WRITE_BUFFER = 1 << 20
+
+
+def _read_umask() -> int:
+    # os.umask() can only be read by setting it, which races with other threads creating files.
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+_UMASK = _read_umask()
 
 
 class LocalStorage:
@@ -76,6 +91,11 @@ class LocalStorage:
         """The destination directory."""
         return self._root
 
+    @property
+    def spool_dir(self) -> Path:
+        """Where the tracker spools large snapshots: on this filesystem, so they move by rename."""
+        return self._root / RECORDS_DIR / "spool"
+
     async def prepare(self) -> None:
         await anyio.to_thread.run_sync(self._prepare_sync)
 
@@ -84,6 +104,7 @@ class LocalStorage:
             raise ConfigurationError(f"destination {self._root} exists and is not a directory")
         with _translated(str(self._root)):
             self._root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
+            self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             if not os.access(self._root, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "destination is not writable", str(self._root))
         self._real_root = os.path.realpath(self._root)
@@ -112,7 +133,7 @@ class LocalStorage:
             final.parent.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
             self._check_inside(final.parent)
             try:
-                result = self._write_temp(temp, payload)
+                result = self._move_spool(temp, payload) or self._write_temp(temp, payload)
                 self._publish(temp, final, overwrite)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -121,6 +142,14 @@ class LocalStorage:
             if self._fsync:
                 _fsync_dir(final.parent)
         return result
+
+    def _move_spool(self, temp: Path, payload: Payload) -> WriteResult | None:
+        # A payload already serialized into a spool file on this filesystem moves by rename.
+        move_to = getattr(payload, "move_to", None)
+        if move_to is None or not move_to(str(temp)):
+            return None
+        os.chmod(temp, self._file_mode & ~_UMASK)
+        return WriteResult(size=payload.size, checksum=payload.checksum)  # type: ignore[attr-defined]
 
     def _write_temp(self, temp: Path, payload: Payload) -> WriteResult:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)

@@ -1,0 +1,443 @@
+"""Core benchmarks: caller latency, local throughput, event-loop lag, memory bound.
+
+Every figure is measured in one run, side by side with its baseline:
+
+* latency of one dump as the caller sees it: ``await Tracker.dump``, ``trajtrack.dump_data``
+  (sync shim) and plain synchronous ``torch.save(obj, path)``;
+* end-to-end throughput to local disk (until everything is committed) next to the raw bound of
+  the same work done inline: ``torch.save`` to a temp file + rename in a tight loop, and for
+  large payloads a ``dd``-style write of the same bytes;
+* the lag of a 1 ms ticker task while 256 MB payloads are dumped, trajtrack against the naive
+  design (``to_thread(torch.save -> BytesIO)`` then a file write);
+* peak RSS while 2 GB of dumps are offered to a deliberately slow storage with
+  ``max_pending_bytes = 256 MB``.
+
+Run: ``python benchmarks/bench_core.py [--quick]``. Prints tables, writes
+``benchmarks/results/core.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import (  # noqa: E402
+    PAYLOAD_BYTES,
+    payload,
+    percentiles,
+    rss_bytes,
+    spread,
+    table,
+    write_results,
+)
+
+from trajtrack import SyncTracker, Tracker  # noqa: E402
+
+# --------------------------------------------------------------------------- latency
+
+
+def counts(quick: bool) -> dict[str, int]:
+    if quick:
+        return {"4KB": 200, "1MB": 20, "16MB": 3, "256MB": 1}
+    return {"4KB": 3000, "1MB": 300, "16MB": 30, "256MB": 4}
+
+
+async def latency_tracker(obj: Any, n: int, root: Path) -> list[float]:
+    samples = []
+    async with Tracker(root, max_pending_bytes=2 << 30) as tracker:
+        for i in range(n):
+            start = time.perf_counter()
+            await tracker.dump(obj, f"d{i}")
+            samples.append(time.perf_counter() - start)
+            if i % 64 == 63:
+                await asyncio.sleep(0)  # a real rollouter yields between dumps
+    return samples
+
+
+def latency_shim(obj: Any, n: int, root: Path) -> list[float]:
+    tracker = SyncTracker(str(root), max_pending_bytes=2 << 30)
+    samples = []
+    try:
+        for i in range(n):
+            start = time.perf_counter()
+            tracker.dump(obj, f"d{i}")
+            samples.append(time.perf_counter() - start)
+    finally:
+        tracker.close(timeout=600)
+    return samples
+
+
+def latency_torch_save(obj: Any, n: int, root: Path) -> list[float]:
+    root.mkdir(parents=True, exist_ok=True)
+    samples = []
+    for i in range(n):
+        start = time.perf_counter()
+        torch.save(obj, root / f"d{i}.pth")
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def bench_latency(quick: bool, scratch: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    rows = []
+    for size, n in counts(quick).items():
+        obj = payload(size)
+        measured: dict[str, Any] = {}
+        # Alternate the order per size so that page-cache warmth does not favour one side.
+        order = ["tracker", "shim", "torch_save"]
+        if size in ("1MB", "256MB"):
+            order.reverse()
+        for kind in order:
+            root = scratch / f"lat-{size}-{kind}"
+            if kind == "tracker":
+                samples = asyncio.run(latency_tracker(obj, n, root))
+            elif kind == "shim":
+                samples = latency_shim(obj, n, root)
+            else:
+                samples = latency_torch_save(obj, n, root)
+            measured[kind] = percentiles(samples)
+            subprocess.run(["rm", "-rf", str(root)], check=True)
+        results[size] = measured
+        base = measured["torch_save"]["p50_us"]
+        for kind in ("tracker", "shim", "torch_save"):
+            m = measured[kind]
+            rows.append(
+                [
+                    size,
+                    {"tracker": "await Tracker.dump", "shim": "dump_data (shim)"}.get(
+                        kind, "torch.save (sync)"
+                    ),
+                    f"{m['p50_us']:.1f}",
+                    f"{m['p99_us']:.1f}",
+                    f"{base / m['p50_us']:.1f}x",
+                ]
+            )
+    print("\nCaller-visible latency of one dump (us), local disk")
+    print(table(rows, ["payload", "call", "p50", "p99", "p50 vs torch.save"]))
+    return results
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+async def throughput_tracker(obj: Any, n: int, root: Path, workers: int) -> float:
+    start = time.perf_counter()
+    async with Tracker(root, workers=workers, max_pending_bytes=1 << 30) as tracker:
+        for i in range(n):
+            await tracker.dump(obj, f"d{i}")
+        await tracker.flush()
+    return time.perf_counter() - start
+
+
+def throughput_inline(obj: Any, n: int, root: Path) -> float:
+    """The raw bound of the same work done inline: torch.save to a temp file + rename."""
+    root.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    for i in range(n):
+        tmp = root / f".d{i}.tmp"
+        torch.save(obj, tmp)
+        os.replace(tmp, root / f"d{i}.pth")
+    return time.perf_counter() - start
+
+
+def throughput_raw_bytes(data: bytes, n: int, root: Path) -> float:
+    """dd-style sequential write of already-serialized bytes (no fsync, like the tracker)."""
+    root.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    for i in range(n):
+        with open(root / f"d{i}.bin", "wb", buffering=0) as handle:
+            view = memoryview(data)
+            for offset in range(0, len(view), 1 << 20):
+                handle.write(view[offset : offset + (1 << 20)])
+    return time.perf_counter() - start
+
+
+def bench_throughput(quick: bool, scratch: Path) -> dict[str, Any]:
+    plan = {"4KB": 3000, "1MB": 300, "16MB": 40, "256MB": 4}
+    if quick:
+        plan = {"4KB": 300, "1MB": 30, "16MB": 4, "256MB": 1}
+    results: dict[str, Any] = {}
+    rows = []
+    for size, n in plan.items():
+        obj = payload(size)
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        data = buffer.getvalue()
+        mb = len(data) * n / 1e6
+        times: dict[str, float] = {}
+        for kind in ("inline", "tracker", "raw") if size != "4KB" else ("tracker", "inline"):
+            root = scratch / f"tp-{size}-{kind}"
+            if kind == "tracker":
+                times[kind] = asyncio.run(throughput_tracker(obj, n, root, workers=4))
+            elif kind == "inline":
+                times[kind] = throughput_inline(obj, n, root)
+            else:
+                times[kind] = throughput_raw_bytes(data, n, root)
+            subprocess.run(["rm", "-rf", str(root)], check=True)
+        entry = {k: {"seconds": v, "dumps_per_s": n / v, "mb_per_s": mb / v} for k, v in times.items()}
+        results[size] = {"n": n, "bytes_per_dump": len(data), **entry}
+        bound = times.get("raw", times["inline"])
+        for kind, seconds in times.items():
+            label = {
+                "tracker": "trajtrack (4 workers)",
+                "inline": "inline torch.save+rename",
+                "raw": "raw write of same bytes",
+            }[kind]
+            rows.append(
+                [
+                    size,
+                    label,
+                    f"{n / seconds:.0f}",
+                    f"{mb / seconds:.0f}",
+                    f"{bound / seconds * 100:.0f}%" if kind == "tracker" else "",
+                ]
+            )
+    print("\nEnd-to-end throughput to local disk (until committed)")
+    print(table(rows, ["payload", "writer", "dumps/s", "MB/s", "tracker vs bound"]))
+    return results
+
+
+# --------------------------------------------------------------------------- event-loop lag
+
+
+async def _lag_during(work: Any) -> list[float]:
+    lags: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        while not done.is_set():
+            start = time.perf_counter()
+            await asyncio.sleep(0.001)
+            lags.append(time.perf_counter() - start - 0.001)
+
+    task = asyncio.ensure_future(ticker())
+    await asyncio.sleep(0.05)
+    try:
+        await work()
+    finally:
+        done.set()
+        await task
+    return lags
+
+
+async def lag_tracker(obj: Any, n: int, root: Path) -> list[float]:
+    async def work() -> None:
+        async with Tracker(root, workers=2, max_pending_bytes=1 << 30) as tracker:
+            for i in range(n):
+                await tracker.dump(obj, f"d{i}")
+            await tracker.flush()
+
+    return await _lag_during(work)
+
+
+async def lag_naive(obj: Any, n: int, root: Path) -> list[float]:
+    root.mkdir(parents=True, exist_ok=True)
+
+    def serialize() -> bytes:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        return buffer.getvalue()
+
+    def write(path: Path, data: bytes) -> None:
+        path.write_bytes(data)
+
+    async def work() -> None:
+        for i in range(n):
+            data = await anyio.to_thread.run_sync(serialize)
+            await anyio.to_thread.run_sync(write, root / f"d{i}.pth", data)
+
+    return await _lag_during(work)
+
+
+def bench_lag(quick: bool, scratch: Path) -> dict[str, Any]:
+    obj = payload("256MB")
+    reps = 1 if quick else 3
+    n = 1 if quick else 3
+    results: dict[str, Any] = {"naive": [], "tracker": []}
+    for rep in range(reps):
+        for kind in ("naive", "tracker") if rep % 2 == 0 else ("tracker", "naive"):
+            root = scratch / f"lag-{kind}-{rep}"
+            runner = lag_tracker if kind == "tracker" else lag_naive
+            lags = asyncio.run(runner(obj, n, root))
+            stats = percentiles(lags)
+            results[kind].append({"max_ms": stats["max_us"] / 1e3, "p99_ms": stats["p99_us"] / 1e3})
+            subprocess.run(["rm", "-rf", str(root)], check=True)
+    rows = []
+    for kind in ("tracker", "naive"):
+        maxes = [r["max_ms"] for r in results[kind]]
+        p99s = [r["p99_ms"] for r in results[kind]]
+        results[kind + "_summary"] = {"max_ms": spread(maxes), "p99_ms": spread(p99s)}
+        rows.append(
+            [
+                "trajtrack" if kind == "tracker" else "naive: to_thread(torch.save->BytesIO)+write",
+                f"{min(maxes):.1f} / {max(maxes):.1f}",
+                f"{min(p99s):.2f} / {max(p99s):.2f}",
+            ]
+        )
+    print(f"\nEvent-loop lag of a 1 ms ticker while dumping {n} x 256 MB ({reps} repetitions)")
+    print(table(rows, ["design", "max lag ms (best / worst)", "p99 lag ms (best / worst)"]))
+    return results
+
+
+# --------------------------------------------------------------------------- memory bound
+
+
+class SlowNullStorage:
+    """A storage that takes its time and keeps nothing: what is pending stays in the tracker."""
+
+    url = "slow-null://"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def prepare(self) -> None:
+        return None
+
+    async def write_atomic(self, path: str, payload: Any, *, overwrite: bool) -> Any:
+        from trajtrack.backends._protocol import ChecksumWriter
+
+        class Sink:
+            def write(self, data: Any) -> int:
+                return len(memoryview(data))
+
+            def flush(self) -> None:
+                pass
+
+        def run() -> Any:
+            time.sleep(self.seconds)
+            writer = ChecksumWriter(Sink())  # type: ignore[arg-type]
+            payload.write_to(writer)
+            return writer.result()
+
+        return await anyio.to_thread.run_sync(run)
+
+    async def read(self, path: str) -> bytes:
+        raise FileNotFoundError(path)
+
+    async def list(self, prefix: str = "") -> list[Any]:
+        return []
+
+    async def stat(self, path: str) -> Any:
+        return None
+
+    async def delete(self, path: str) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def memory_child(total_mb: int, item_mb: int, budget_mb: int) -> None:
+    obj = {"x": torch.randn(item_mb << 18)}  # item_mb MiB of float32
+    baseline = rss_bytes()
+    peak = baseline
+    stop = False
+
+    async def main() -> None:
+        nonlocal peak, stop
+
+        async def sampler() -> None:
+            nonlocal peak
+            while not stop:
+                peak = max(peak, rss_bytes())
+                await asyncio.sleep(0.01)
+
+        task = asyncio.ensure_future(sampler())
+        storage = SlowNullStorage(0.05)
+        async with Tracker(
+            "slow-null://", storage=storage, max_pending_bytes=budget_mb << 20, record=False
+        ) as tracker:
+            for i in range(total_mb // item_mb):
+                await tracker.dump(obj, f"d{i}")
+            await tracker.flush()
+        stop = True
+        await task
+
+    asyncio.run(main())
+    print(f"{baseline} {peak}")
+
+
+def bench_memory(quick: bool) -> dict[str, Any]:
+    total, item, budget = (512, 32, 128) if quick else (2048, 64, 256)
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-child", str(total), str(item), str(budget)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=900,
+    )
+    baseline, peak = (int(x) for x in out.stdout.split())
+    bound = baseline + (budget << 20) + (item << 20) + (100 << 20)
+    result = {
+        "offered_mb": total,
+        "payload_mb": item,
+        "max_pending_mb": budget,
+        "baseline_mb": baseline / 2**20,
+        "peak_mb": peak / 2**20,
+        "bound_mb": bound / 2**20,
+        "within_bound": peak <= bound,
+    }
+    print(f"\nPeak RSS offering {total} MB in {item} MB dumps to a slow storage")
+    print(
+        table(
+            [
+                [
+                    f"{budget} MB",
+                    f"{result['baseline_mb']:.0f}",
+                    f"{result['peak_mb']:.0f}",
+                    f"{result['bound_mb']:.0f}",
+                    "yes" if result["within_bound"] else "NO",
+                ]
+            ],
+            ["max_pending_bytes", "baseline MB", "peak MB", "bound MB", "within"],
+        )
+    )
+    return result
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--only", nargs="*", help="latency, throughput, lag, memory")
+    parser.add_argument("--scratch", help="scratch directory on the disk to measure")
+    parser.add_argument("--memory-child", nargs=3, type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_child:
+        memory_child(*args.memory_child)
+        return 0
+    chosen = set(args.only or ["latency", "throughput", "lag", "memory"])
+    results: dict[str, Any] = {"quick": args.quick, "payload_bytes": PAYLOAD_BYTES}
+    with tempfile.TemporaryDirectory(dir=args.scratch, prefix="trajtrack-bench-") as tmp:
+        scratch = Path(tmp)
+        if "latency" in chosen:
+            results["latency"] = bench_latency(args.quick, scratch)
+        if "throughput" in chosen:
+            results["throughput"] = bench_throughput(args.quick, scratch)
+        if "lag" in chosen:
+            results["event_loop_lag"] = bench_lag(args.quick, scratch)
+        if "memory" in chosen:
+            results["memory"] = bench_memory(args.quick)
+    path = write_results("core-quick" if args.quick else "core", results)
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
