@@ -4,6 +4,7 @@ scripts/device-check.sh for the run on a GPU machine)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ def test_snapshot_is_not_affected_by_later_kernels() -> None:
     x = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
     payload = snapshot_plain({"x": x})
     x.mul_(0)  # queued on the current stream after the device clone: must not leak in
-    buffer = __import__("io").BytesIO()
+    buffer = io.BytesIO()
     payload.write_to(buffer)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=True)
