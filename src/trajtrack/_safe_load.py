@@ -15,6 +15,7 @@ import io
 import logging
 import pickle
 import re
+import threading
 from functools import lru_cache
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = ["allowed_globals", "load_dump_bytes"]
 logger = logging.getLogger(__name__)
 
 _GLOBAL_IN_MESSAGE = re.compile(r"GLOBAL\s+([\w.]+)")
+_SAFE_LOAD_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=1)
@@ -62,7 +64,10 @@ def load_dump_bytes(data: bytes, *, unsafe: bool = False, where: str = "dump") -
         logger.warning("loading %s with a full unpickle (unsafe=True): it can run code", where)
         return _load(data, where, weights_only=False)
     try:
-        with torch.serialization.safe_globals(list(allowed_globals())):
+        # safe_globals() swaps a process-wide list on enter and restores it on exit, so two
+        # threads inside it at once corrupt each other's allow-list: one load at a time.
+        # (add_safe_globals() would avoid the lock but widen torch.load for the whole process.)
+        with _SAFE_LOAD_LOCK, torch.serialization.safe_globals(list(allowed_globals())):
             return _load(data, where, weights_only=True)
     except pickle.UnpicklingError as exc:
         offending = _offending_globals(data, str(exc))

@@ -1,0 +1,107 @@
+"""The ``trajtrack`` command: ``ls``, ``show``, ``diff``, ``verify`` and ``demo``.
+
+Exit codes (all commands): 0 success; 1 the answer is "no" (``diff``: the runs differ,
+``verify``: problems found); 2 usage error, unreadable storage or undeserializable dump;
+130 interrupted. Results go to stdout (``--json`` for scripts), messages and progress bars to
+stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+import anyio
+
+import trajtrack._cli.demo as demo
+import trajtrack._cli.diff as diff
+import trajtrack._cli.ls as ls
+import trajtrack._cli.show as show
+import trajtrack._cli.verify as verify
+from trajtrack._cli._common import EXIT_ERROR, Streams
+from trajtrack._exceptions import TrajtrackError
+
+__all__ = ["build_parser", "main"]
+
+_COMMANDS = (ls, show, diff, verify, demo)
+
+_EPILOG = """\
+exit codes:
+  0    success (diff: equal within tolerance; verify: no problem)
+  1    diff: the runs differ; verify: problems found
+  2    usage error, unreadable storage, or a dump that cannot be loaded
+  130  interrupted
+
+URLs: a local path, file://PATH, memory://STORE/PATH, webhdfs://HOST:PORT/PATH,
+swebhdfs://..., hdfs://NAMESERVICE/PATH (resolved through HADOOP_CONF_DIR).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one subcommand per module in :data:`_COMMANDS`."""
+    from trajtrack import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="trajtrack",
+        description="Inspect, compare and verify the dumps trajtrack wrote.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"trajtrack {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log more on stderr (-vv: debug)"
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in _COMMANDS:
+        module.add_parser(commands)
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Run the ``trajtrack`` command line; returns the exit code.
+
+    Args:
+        argv: Arguments without the program name (default: ``sys.argv[1:]``).
+        stdout: Where results go (default: ``sys.stdout`` at call time).
+        stderr: Where messages and progress bars go (default: ``sys.stderr``).
+    """
+    streams = Streams(stdout or sys.stdout, stderr or sys.stderr)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    _configure_logging(args.verbose, streams.err)
+    try:
+        code: int = anyio.run(args.handler, args, streams)
+    except KeyboardInterrupt:
+        streams.note("trajtrack: interrupted")
+        return 130
+    except (TrajtrackError, OSError) as exc:
+        streams.note(f"trajtrack {args.command}: error: {exc}")
+        return EXIT_ERROR
+    return code
+
+
+def _configure_logging(verbosity: int, stream: TextIO) -> None:
+    level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logger = logging.getLogger("trajtrack")
+    # One handler of our own, replaced on each call so that tests capturing stderr see it.
+    for handler in list(logger.handlers):
+        if getattr(handler, "_trajtrack_cli", False):
+            logger.removeHandler(handler)
+    handler = logging.StreamHandler(stream)
+    handler._trajtrack_cli = True  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter("trajtrack: %(levelname)s: %(message)s"))
+    handler.setLevel(level)
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > level:
+        logger.setLevel(level)

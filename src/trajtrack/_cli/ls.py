@@ -1,0 +1,75 @@
+"""``trajtrack ls URL [--glob G]``: the dumps of a run, in dump order."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from trajtrack._cli._common import (
+    EXIT_OK,
+    Streams,
+    add_output_options,
+    format_size,
+    format_time,
+    table,
+    write_json,
+)
+from trajtrack._reader import DumpInfo, open_run
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "ls",
+        help="list the dumps of a run",
+        description=(
+            "List the dumps of a run in dump order (commit time, then name), from the record "
+            "the trackers wrote; files in no record are listed too and flagged 'unrecorded', "
+            "recorded files absent from the storage are flagged 'missing'. Temporary files "
+            "are never listed. Exit 0, or 2 when the run cannot be read."
+        ),
+    )
+    parser.add_argument("url", metavar="URL", help="the run: a local path or a storage URL")
+    parser.add_argument(
+        "-g", "--glob", metavar="G", help="only names (or paths) matching this fnmatch glob"
+    )
+    add_output_options(parser)
+    parser.set_defaults(handler=run)
+
+
+async def run(args: argparse.Namespace, streams: Streams) -> int:
+    async with open_run(args.url) as source:
+        listing = await source.scan()
+        dumps = await source.list(args.glob)
+    if args.json:
+        write_json(
+            streams,
+            {
+                "url": args.url,
+                "dumps": [d.to_json() for d in dumps],
+                "record_segments": listing.segments,
+                "bad_record_lines": listing.bad_record_lines,
+            },
+        )
+        return EXIT_OK
+    headers = ["NAME", "SIZE", "WRITER", "TIME"]
+    rows = [[d.name, format_size(d.size), d.writer or "-", format_time(d.time)] for d in dumps]
+    notes = [_note(d) for d in dumps]
+    if any(notes):
+        headers.append("NOTE")
+        for row, note in zip(rows, notes, strict=True):
+            row.append(note)
+    for text in table(headers, rows, right=(1,)):
+        streams.line(text)
+    total = sum(d.size for d in dumps)
+    streams.line(f"{len(dumps)} dumps, {format_size(total)}")
+    return EXIT_OK
+
+
+def _note(info: DumpInfo) -> str:
+    if not info.recorded:
+        return "unrecorded"
+    if not info.present:
+        return "missing"
+    return ""

@@ -1,0 +1,204 @@
+"""``trajtrack show URL NAME``: the structure of one dump, with tensor statistics."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import anyio.to_thread
+import numpy as np
+import torch
+
+from trajtrack._cli._common import (
+    EXIT_OK,
+    Streams,
+    add_output_options,
+    format_size,
+    format_time,
+    write_json,
+)
+from trajtrack._reader import open_run
+
+__all__ = ["add_parser", "describe", "run"]
+
+_MAX_ITEMS = 20  # children shown per container
+_MAX_DEPTH = 12
+_ABBREVIATE = 60
+
+
+def add_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "show",
+        help="show the structure of one dump",
+        description=(
+            "Load one dump (safely: torch.load(weights_only=True) with trajtrack's allow-list) "
+            "and print its nested structure: keys, tensor shapes, dtypes, devices, "
+            "min/max/mean and NaN/inf counts, non-tensor values abbreviated. "
+            "Exit 0, or 2 when the dump cannot be read or is refused."
+        ),
+    )
+    parser.add_argument("url", metavar="URL", help="the run: a local path or a storage URL")
+    parser.add_argument("name", metavar="NAME", help="the dump name (or its path in the run)")
+    parser.add_argument(
+        "--unsafe",
+        action="store_true",
+        help="allow a full unpickle: RUNS CODE from the dump; only for dumps you trust",
+    )
+    parser.add_argument(
+        "--max-items",
+        type=int,
+        default=_MAX_ITEMS,
+        metavar="N",
+        help="children shown per container (default: %(default)s)",
+    )
+    add_output_options(parser)
+    parser.set_defaults(handler=run)
+
+
+async def run(args: argparse.Namespace, streams: Streams) -> int:
+    async with open_run(args.url) as source:
+        info = await source.info(args.name)
+        obj = await source.load(info, unsafe=args.unsafe)
+    tree = await anyio.to_thread.run_sync(describe, obj, args.max_items)
+    if args.json:
+        write_json(streams, {"dump": info.to_json(), "structure": tree})
+        return EXIT_OK
+    checksum = info.checksum or "unrecorded"
+    streams.line(
+        f"{info.name}  ({info.path}, {format_size(info.size)}, {checksum}, "
+        f"writer {info.writer or '-'}, {format_time(info.time)})"
+    )
+    for line in render(tree):
+        streams.line(line)
+    return EXIT_OK
+
+
+def describe(obj: Any, max_items: int = _MAX_ITEMS, depth: int = 0) -> dict[str, Any]:
+    """A JSON-serializable description of *obj*: type, and children or statistics."""
+    node: dict[str, Any] = {"type": type(obj).__name__}
+    if isinstance(obj, torch.Tensor):
+        node.update(_tensor_summary(obj))
+    elif isinstance(obj, np.ndarray):
+        node.update(_array_summary(obj))
+    elif depth >= _MAX_DEPTH:
+        node["value"] = _abbrev(obj)
+    elif isinstance(obj, Mapping):
+        node["children"], node["more"] = _children(
+            ((f"[{k!r}]", v) for k, v in obj.items()), len(obj), max_items, depth
+        )
+    elif isinstance(obj, (list, tuple)):
+        node["children"], node["more"] = _children(
+            ((f"[{i}]", v) for i, v in enumerate(obj)), len(obj), max_items, depth
+        )
+        node["length"] = len(obj)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = dataclasses.fields(obj)
+        node["children"], node["more"] = _children(
+            ((f".{f.name}", getattr(obj, f.name)) for f in fields), len(fields), 10**6, depth
+        )
+    else:
+        node["value"] = _abbrev(obj)
+    return node
+
+
+def _children(
+    items: Any, count: int, max_items: int, depth: int
+) -> tuple[list[dict[str, Any]], int]:
+    children = []
+    for i, (key, value) in enumerate(items):
+        if i >= max_items:
+            break
+        children.append({"key": key, **describe(value, max_items, depth + 1)})
+    return children, max(0, count - len(children))
+
+
+def _tensor_summary(t: torch.Tensor) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "shape": list(t.shape),
+        "device": str(t.device),
+    }
+    if t.layout != torch.strided or t.numel() == 0:
+        return out
+    data = t.detach()
+    if data.dtype == torch.bool:
+        out["true"] = int(data.sum())
+        return out
+    if data.is_complex():
+        out["nan"] = int(torch.isnan(data).sum())
+        return out
+    values = data.to(torch.float64)
+    if data.is_floating_point():
+        nan = torch.isnan(values)
+        inf = torch.isinf(values)
+        out["nan"] = int(nan.sum())
+        out["inf"] = int(inf.sum())
+        values = values[~(nan | inf)]
+    if values.numel():
+        out["min"] = float(values.min())
+        out["max"] = float(values.max())
+        out["mean"] = float(values.mean())
+    return out
+
+
+def _array_summary(a: np.ndarray[Any, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"dtype": str(a.dtype), "shape": list(a.shape)}
+    if a.dtype.kind in "biuf" and a.size:
+        stats = _tensor_summary(torch.from_numpy(np.array(a, dtype=np.float64, copy=True)))
+        if a.dtype.kind != "f":
+            stats.pop("nan", None)
+            stats.pop("inf", None)
+        out.update({k: v for k, v in stats.items() if k not in ("dtype", "shape", "device")})
+    elif a.size:
+        out["values"] = _abbrev(a.reshape(-1)[:8].tolist()) + (" ..." if a.size > 8 else "")
+    return out
+
+
+def _abbrev(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # a broken __repr__ in a dumped object
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= _ABBREVIATE else text[: _ABBREVIATE - 3] + "..."
+
+
+def render(node: dict[str, Any], indent: int = 0, key: str = "") -> list[str]:
+    """The human form of :func:`describe`'s output, one line per node."""
+    pad = "  " * indent
+    head = f"{pad}{key}: " if key else pad
+    lines = [head + _summary_line(node)]
+    for child in node.get("children", []):
+        lines.extend(render(child, indent + 1, child["key"]))
+    if node.get("more"):
+        lines.append(f"{pad}  ... {node['more']} more")
+    return lines
+
+
+def _summary_line(node: dict[str, Any]) -> str:
+    kind = node["type"]
+    if "shape" in node:
+        parts = [kind, node["dtype"], str(node["shape"])]
+        if "device" in node:
+            parts.append(node["device"])
+        for stat in ("min", "max", "mean"):
+            if stat in node:
+                parts.append(f"{stat}={_number(node[stat])}")
+        for count in ("nan", "inf", "true"):
+            if count in node:
+                parts.append(f"{count}={node[count]}")
+        if "values" in node:
+            parts.append(node["values"])
+        return " ".join(parts)
+    if "children" in node:
+        size = node.get("length", len(node["children"]) + node.get("more", 0))
+        return f"{kind} ({size} {'item' if size == 1 else 'items'})"
+    return f"{kind} {node.get('value', '')}".rstrip()
+
+
+def _number(value: float) -> str:
+    if math.isfinite(value) and value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.6g}"

@@ -1,0 +1,175 @@
+"""``trajtrack verify URL``: every recorded dump present, with its recorded size and checksum."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio.to_thread
+
+from trajtrack._cli._common import (
+    EXIT_DIFFERENT,
+    EXIT_OK,
+    Streams,
+    add_output_options,
+    format_size,
+    progress_callback,
+    table,
+    write_json,
+)
+from trajtrack._exceptions import StorageNotFoundError
+from trajtrack._reader import DumpInfo, Run, gather_bounded, open_run
+from trajtrack.backends._protocol import checksum_of
+
+__all__ = ["Finding", "add_parser", "run", "verify_run"]
+
+Problem = Literal["ok", "missing", "truncated", "oversized", "corrupt", "unrecorded"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """The verdict on one dump."""
+
+    name: str
+    path: str
+    problem: Problem
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": self.path,
+            "problem": self.problem,
+            "detail": self.detail,
+        }
+
+
+def add_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "verify",
+        help="check every recorded dump's presence, size and checksum",
+        description=(
+            "Check the run against its record: every recorded dump must be present with the "
+            "recorded size and CRC-32 checksum (each file with the right size is read once, "
+            "in parallel). Reports missing, truncated (shorter than recorded), oversized, "
+            "corrupt (checksum mismatch) and unrecorded files (present but in no record, e.g. "
+            "the last seconds before a crash). Unreadable record lines are reported too."
+        ),
+        epilog="exit codes: 0 no problem, 1 problems found (unrecorded files count unless "
+        "--allow-unrecorded), 2 usage or I/O error.",
+    )
+    parser.add_argument("url", metavar="URL", help="the run: a local path or a storage URL")
+    parser.add_argument(
+        "--allow-unrecorded",
+        action="store_true",
+        help="report files in no record, but do not fail because of them",
+    )
+    parser.add_argument("-g", "--glob", metavar="G", help="only dumps matching this glob")
+    add_output_options(parser, progress=True)
+    parser.set_defaults(handler=run)
+
+
+async def verify_run(
+    source: Run, glob: str | None = None, *, on_progress: Any = None
+) -> list[Finding]:
+    """Verify a run's dumps against its record; one :class:`Finding` per dump, dump order."""
+    dumps = await source.list(glob)
+    to_read = [d for d in dumps if d.recorded and d.present and d.stored_size == d.size]
+
+    async def check(info: DumpInfo) -> Finding:
+        try:
+            data = await source.read_bytes(info)
+        except StorageNotFoundError:
+            return Finding(info.name, info.path, "missing", "deleted while verifying")
+        actual = await anyio.to_thread.run_sync(checksum_of, data)
+        if len(data) != info.size:
+            return _size_finding(info, len(data))
+        if actual != info.checksum:
+            return Finding(
+                info.name,
+                info.path,
+                "corrupt",
+                f"checksum {actual}, recorded {info.checksum}",
+            )
+        return Finding(info.name, info.path, "ok", "")
+
+    read = await gather_bounded(
+        to_read,
+        check,
+        limit=source.concurrency,
+        on_done=on_progress and (lambda n: on_progress(n, len(to_read))),
+    )
+    by_path = {f.path: f for f in read}
+    findings = []
+    for info in dumps:
+        if info.path in by_path:
+            findings.append(by_path[info.path])
+        elif not info.recorded:
+            findings.append(
+                Finding(
+                    info.name, info.path, "unrecorded", f"in no record ({format_size(info.size)})"
+                )
+            )
+        elif not info.present:
+            findings.append(
+                Finding(info.name, info.path, "missing", f"recorded {info.size} bytes, file absent")
+            )
+        else:
+            findings.append(_size_finding(info, info.stored_size or 0))
+    return findings
+
+
+def _size_finding(info: DumpInfo, actual: int) -> Finding:
+    if actual < info.size:
+        return Finding(
+            info.name, info.path, "truncated", f"{actual} bytes stored, {info.size} recorded"
+        )
+    return Finding(
+        info.name, info.path, "oversized", f"{actual} bytes stored, {info.size} recorded"
+    )
+
+
+async def run(args: argparse.Namespace, streams: Streams) -> int:
+    update, close = progress_callback(streams, "verify", quiet=args.quiet)
+    async with open_run(args.url, concurrency=args.concurrency) as source:
+        listing = await source.scan()
+        try:
+            findings = await verify_run(source, args.glob, on_progress=update)
+        finally:
+            close()
+    counts: dict[str, int] = dict.fromkeys(
+        ("ok", "missing", "truncated", "oversized", "corrupt", "unrecorded"), 0
+    )
+    for finding in findings:
+        counts[finding.problem] += 1
+    failing = {"missing", "truncated", "oversized", "corrupt"}
+    if not args.allow_unrecorded:
+        failing.add("unrecorded")
+    failed = any(f.problem in failing for f in findings) or listing.bad_record_lines > 0
+    code = EXIT_DIFFERENT if failed else EXIT_OK
+    if args.json:
+        write_json(
+            streams,
+            {
+                "url": args.url,
+                "ok": not failed,
+                "exit_code": code,
+                "counts": counts,
+                "bad_record_lines": listing.bad_record_lines,
+                "problems": [f.to_json() for f in findings if f.problem != "ok"],
+            },
+        )
+        return code
+    problems = [f for f in findings if f.problem != "ok"]
+    if problems:
+        for line in table(
+            ["PROBLEM", "NAME", "DETAIL"], [[f.problem, f.name, f.detail] for f in problems]
+        ):
+            streams.line(line)
+    if listing.bad_record_lines:
+        streams.line(f"{listing.bad_record_lines} unreadable record lines were skipped")
+    summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n or k == "ok")
+    verdict = "FAILED" if failed else "OK"
+    streams.line(f"{verdict}: {len(findings)} dumps checked: {summary}")
+    return code
