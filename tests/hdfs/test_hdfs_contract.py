@@ -1,0 +1,76 @@
+"""The storage contract against the real cluster, plus WebHDFS specifics seen only there."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from _support.hdfs_cluster import HdfsCluster
+from backends.contract import StorageContract
+from trajtrack import ConfigurationError, StorageError, StoragePermissionError
+from trajtrack._snapshot import BytesPayload
+from trajtrack.backends import Storage, open_storage
+from trajtrack.backends.webhdfs import WebHdfsStorage
+
+pytestmark = pytest.mark.hdfs
+
+
+class TestWebHdfsContract(StorageContract):
+    @pytest.fixture
+    async def storage(self, hdfs_url: str) -> AsyncIterator[Storage]:
+        storage = open_storage(hdfs_url, timeout=(5, 60))
+        await storage.prepare()
+        yield storage
+        await storage.aclose()
+
+
+async def test_hdfs_url_resolved_through_the_cluster_configuration(
+    hdfs_cluster: HdfsCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(hdfs_cluster.conf_dir))
+    storage = open_storage(f"{hdfs_cluster.hdfs_url}/tests/resolved")
+    assert isinstance(storage, WebHdfsStorage)
+    assert storage.namenodes == (f"http://127.0.0.1:{hdfs_cluster.http_port}",)
+    await storage.prepare()
+    await storage.write_atomic("r.pth", BytesPayload(b"via hdfs://"), overwrite=True)
+    assert await storage.read("r.pth") == b"via hdfs://"
+    await storage.aclose()
+
+
+async def test_destination_that_is_a_file(hdfs_url: str) -> None:
+    parent = open_storage(hdfs_url)
+    await parent.prepare()
+    await parent.write_atomic("afile", BytesPayload(b"x"), overwrite=True)
+    with pytest.raises(ConfigurationError, match="not a directory"):
+        await open_storage(f"{hdfs_url}/afile").prepare()
+    await parent.aclose()
+
+
+async def test_overwrite_onto_a_directory_fails_and_cleans_up(hdfs_url: str) -> None:
+    storage = open_storage(hdfs_url)
+    await storage.prepare()
+    await storage.write_atomic("d/inner.pth", BytesPayload(b"x"), overwrite=True)
+    with pytest.raises(StorageError, match="directories") as caught:
+        await storage.write_atomic("d", BytesPayload(b"y"), overwrite=True)
+    assert not caught.value.retryable
+    assert [info.path for info in await storage.list()] == ["d/inner.pth"]
+    await storage.aclose()
+
+
+async def test_user_without_access_is_refused_at_once(
+    hdfs_cluster: HdfsCluster, hdfs_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner = open_storage(hdfs_url)
+    await owner.prepare()  # created by the superuser, mode 755
+    monkeypatch.setenv("HADOOP_USER_NAME", "intruder")
+    intruder = open_storage(hdfs_url)
+    await intruder.prepare()  # the directory exists: reading its status is allowed
+    with pytest.raises(StoragePermissionError) as caught:
+        await intruder.write_atomic("x.pth", BytesPayload(b"x"), overwrite=True)
+    assert caught.value.remote_exception == "AccessControlException"
+    assert "intruder" in str(caught.value)
+    with pytest.raises(StoragePermissionError):
+        await open_storage(f"{hdfs_url}/sub", user="intruder").prepare()
+    assert await owner.list() == []
+    await owner.aclose()
