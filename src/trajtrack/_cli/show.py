@@ -27,6 +27,7 @@ __all__ = ["add_parser", "describe", "run"]
 _MAX_ITEMS = 20  # children shown per container
 _MAX_DEPTH = 12
 _ABBREVIATE = 60
+_BATCH_PARTS = ("batch", "non_tensor_batch", "meta_info")
 
 
 def add_parser(commands: Any) -> None:
@@ -94,10 +95,18 @@ def describe(obj: Any, max_items: int = _MAX_ITEMS, depth: int = 0) -> dict[str,
             ((f"[{i}]", v) for i, v in enumerate(obj)), len(obj), max_items, depth
         )
         node["length"] = len(obj)
+    elif all(hasattr(obj, n) for n in _BATCH_PARTS):  # RolloutBatch, verl's DataProto
+        node["children"], node["more"] = _children(
+            ((f".{n}", getattr(obj, n)) for n in _BATCH_PARTS), 3, max_items, depth, limit=3
+        )
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         fields = dataclasses.fields(obj)
         node["children"], node["more"] = _children(
-            ((f".{f.name}", getattr(obj, f.name)) for f in fields), len(fields), 10**6, depth
+            ((f".{f.name}", getattr(obj, f.name)) for f in fields),
+            len(fields),
+            max_items,
+            depth,
+            limit=len(fields),
         )
     else:
         node["value"] = _abbrev(obj)
@@ -105,11 +114,11 @@ def describe(obj: Any, max_items: int = _MAX_ITEMS, depth: int = 0) -> dict[str,
 
 
 def _children(
-    items: Any, count: int, max_items: int, depth: int
+    items: Any, count: int, max_items: int, depth: int, *, limit: int | None = None
 ) -> tuple[list[dict[str, Any]], int]:
     children = []
     for i, (key, value) in enumerate(items):
-        if i >= max_items:
+        if i >= (max_items if limit is None else limit):
             break
         children.append({"key": key, **describe(value, max_items, depth + 1)})
     return children, max(0, count - len(children))
