@@ -114,7 +114,9 @@ def test_dtype_and_shape_mismatch(
     assert f"['x']: {expected}" in out
 
 
-def test_nan_in_both_is_equal_by_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_nan_in_both_is_equal_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     value = torch.tensor([1.0, float("nan"), 3.0])
     write_run(a, {"v": {"t": value, "f": float("nan")}})
@@ -161,7 +163,9 @@ def test_names_glob_limits_the_comparison(
     assert code == 0 and report["counts"]["equal"] == 2
 
 
-def test_unreadable_run_is_exit_2(runs: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreadable_run_is_exit_2(
+    runs: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     a, _ = runs
     code, _, err = run_cli(capsys, "diff", a, a + "-does-not-exist")
     assert code == 2
@@ -188,9 +192,7 @@ def test_malicious_dump_is_refused_and_never_executed(
     assert not marker.exists()
 
 
-def test_unsafe_flag_really_unpickles(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_unsafe_flag_really_unpickles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # The counterpart of the test above: the refusal is what kept the marker away.
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     marker = tmp_path / "pwned"

@@ -1,0 +1,100 @@
+"""The real entry points (``python -m trajtrack``, the console script), help, and the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ._runs import run_cli, write_run
+
+COMMANDS = ["ls", "show", "diff", "verify", "demo"]
+
+
+def trajtrack(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trajtrack", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_everywhere(command: str | None, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--help"] if command is None else [command, "--help"]
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0
+    assert out.startswith("usage: trajtrack")
+    if command is None:
+        assert "exit codes:" in out and all(c in out for c in COMMANDS)
+
+
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys)
+    assert code == 2 and "usage:" in err
+
+
+def test_python_m_trajtrack_diff_exit_codes_and_json(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_run(str(a), {"x": torch.zeros(3)})
+    write_run(str(b), {"x": torch.tensor([0.0, 1.0, 0.0])})
+    same = trajtrack("diff", str(a), str(a))
+    assert same.returncode == 0, same.stderr
+    differ = trajtrack("diff", str(a), str(b), "--json")
+    assert differ.returncode == 1, differ.stderr
+    assert json.loads(differ.stdout)["dumps"][0]["differences"][0]["index"] == [1]
+    assert differ.stderr == ""  # no progress bar when stderr is not a terminal
+    broken = trajtrack("diff", str(a), str(tmp_path / "missing"))
+    assert broken.returncode == 2 and "error" in broken.stderr
+
+
+@pytest.mark.skipif(shutil.which("trajtrack") is None, reason="console script not installed")
+def test_console_script(tmp_path: Path) -> None:
+    write_run(str(tmp_path / "r"), {"x": torch.zeros(1)})
+    done = subprocess.run(
+        ["trajtrack", "ls", str(tmp_path / "r"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert [d["name"] for d in json.loads(done.stdout)["dumps"]] == ["x"]
+
+
+def test_demo_pinpoints_the_perturbed_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = trajtrack("demo", str(tmp_path / "demo"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "first divergence: step2/sample3" in out
+    assert "DIFFERENT  step2/sample3\n    .full_batch.batch['old_log_probs']" in out
+    assert "first at index [1, 2]" in out
+    assert "(exit code 1)" in out
+    assert "webhdfs://" in out and "trajtrack.ray" in out  # what to try next
+    # The demo's runs are real runs that verify; running it again replaces them.
+    assert run_cli(capsys, "verify", str(tmp_path / "demo/run_a"))[0] == 0
+    code, out, _ = run_cli(capsys, "demo", str(tmp_path / "demo"), "--steps", "3")
+    assert code == 0 and "3 steps x 8 concurrent prompts" in out
+    assert "step3/" not in run_cli(capsys, "ls", str(tmp_path / "demo/run_a"))[1]
+
+
+def test_demo_refuses_to_replace_a_foreign_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "run_a").mkdir()
+    (tmp_path / "run_a" / "precious.txt").write_text("keep me")
+    code, _, err = run_cli(capsys, "demo", str(tmp_path))
+    assert code == 2 and "not written by trajtrack" in err
+    assert (tmp_path / "run_a" / "precious.txt").exists()
