@@ -1,0 +1,177 @@
+"""A real local Ray cluster for the adapter tests, shared by the whole session.
+
+``ray start --head --block`` runs as our child process, bound to 127.0.0.1, with its temp dir
+under pytest's; the test process connects as the first driver, subprocesses connect as further
+drivers. ``--block`` makes that child kill everything it started when we terminate it, so the
+teardown ends only our own processes. Without Ray the tests skip, or fail when
+``TRAJTRACK_REQUIRE_RAY=1``.
+
+This folder has no ``__init__.py`` on purpose: a package named ``ray`` under ``tests/`` would
+shadow the real one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+START_TIMEOUT = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ray_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Workers and extra drivers import the helpers next to this file by name.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    return env
+
+
+def _require_ray() -> None:
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("TRAJTRACK_REQUIRE_RAY") == "1":
+            pytest.fail("Ray is not installed and TRAJTRACK_REQUIRE_RAY=1")
+        pytest.skip("Ray is not installed (pip install 'trajtrack[ray]')")
+
+
+class RayCluster:
+    """The running head node: its address and a way to run extra drivers."""
+
+    def __init__(self, address: str, env: dict[str, str]) -> None:
+        self.address = address
+        self.env = env
+
+    def driver(self, *args: str, timeout: float = 90.0) -> str:
+        """Run ``_ray_driver.py`` as a separate driver of this cluster; return its stdout."""
+        env = dict(self.env, TRAJTRACK_TEST_RAY_ADDRESS=self.address)
+        done = subprocess.run(
+            [sys.executable, str(HERE / "_ray_driver.py"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise AssertionError(
+                f"driver {args} exited {done.returncode}\n--- stdout\n{done.stdout}"
+                f"\n--- stderr\n{done.stderr[-4000:]}"
+            )
+        return done.stdout
+
+
+def _start_head(temp_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    port = _free_port()
+    head = subprocess.Popen(
+        [
+            "ray",
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={temp_dir}",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    started = threading.Event()
+    lines: list[str] = []
+
+    def read() -> None:
+        assert head.stdout is not None
+        for line in head.stdout:
+            lines.append(line)
+            if "Ray runtime started" in line:
+                started.set()
+        started.set()  # the process ended: stop waiting
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    head.reader = reader  # type: ignore[attr-defined]  # joined by _stop_head
+    if not started.wait(START_TIMEOUT) or head.poll() is not None:
+        _stop_head(head)
+        pytest.fail("ray start --head did not come up:\n" + "".join(lines[-40:]))
+    return head, f"127.0.0.1:{port}"
+
+
+def _stop_head(head: subprocess.Popen[str]) -> None:
+    if head.poll() is None:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait(timeout=10)
+    head.reader.join(timeout=10)  # type: ignore[attr-defined]  # ends at the pipe's EOF
+    assert head.stdout is not None
+    head.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    """Start the head node, connect this process as a driver; stop both at session end."""
+    _require_ray()
+    import ray
+
+    env = _ray_env()
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Unix socket paths live below the temp dir and are limited to ~107 bytes: keep it short.
+    temp_dir = tmp_path_factory.mktemp("ray", numbered=True)
+    head, address = _start_head(temp_dir, env)
+    try:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+        yield RayCluster(address, env)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        _stop_head(head)
+
+
+@pytest.fixture
+def actor_name(ray_cluster: RayCluster) -> Iterator[str]:
+    """A fresh tracker actor name for one test; the actor is shut down afterwards."""
+    import trajtrack.ray as tr
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    try:
+        tr.shutdown(timeout=30, name=name)
+    except Exception as exc:  # the test already reported what mattered
+        print(f"shutting down actor {name}: {exc!r}")
+
+
+@pytest.fixture
+def tracker_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, actor_name: str) -> dict[str, Any]:
+    """Enable the tracker for this process, pointing at *tmp_path* and this test's actor."""
+    dest = tmp_path / "dumps"
+    values = {
+        "VERL_ENABLE_TRACKER": "1",
+        "VERL_TRACKER_HDFS_DIR": str(dest),
+        "TRAJTRACK_RAY_ACTOR": actor_name,
+    }
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    return {"dest": dest, "name": actor_name, "env": values}
