@@ -36,10 +36,10 @@ from typing import IO, Any, TypeVar
 import anyio
 import anyio.to_thread
 import requests
-from hdfs import InsecureClient
 from hdfs.client import Client
 from hdfs.util import HdfsError
 
+from hdfs import InsecureClient
 from trajtrack._exceptions import (
     ConfigurationError,
     DumpExistsError,
@@ -80,9 +80,34 @@ class _Spool:
     file: IO[bytes]
     result: WriteResult
 
-    def body(self) -> IO[bytes]:
+    def body(self) -> _Body:
         self.file.seek(0)
-        return self.file
+        return _Body(self.file, self.result.size)
+
+
+class _Body:
+    """The upload body: a spool read in 1 MiB pieces, with a length (so requests sends a
+    Content-Length, not chunked) and, for an in-memory spool, no copy of the bytes."""
+
+    def __init__(self, file: IO[bytes], size: int) -> None:
+        self._file = file
+        self._size = size
+        self._view = file.getbuffer() if isinstance(file, io.BytesIO) else None
+        self._pos = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def read(self, _hint: int = -1) -> bytes | memoryview:
+        if self._view is not None:
+            piece = self._view[self._pos : self._pos + _SPOOL_CHUNK]
+            self._pos += len(piece)
+            return piece
+        return self._file.read(_SPOOL_CHUNK)
+
+    def close(self) -> None:
+        if self._view is not None:
+            self._view.release()
 
 
 class _Session(requests.Session):
@@ -131,7 +156,7 @@ class WebHdfsStorage:
         timeout: float | tuple[float, float] = DEFAULT_TIMEOUT,
         threads: int = 8,
         prepare_timeout: float = 30.0,
-        spool_memory: int = 64 << 20,
+        spool_memory: int = 256 << 20,
         spool_dir: str | None = None,
         permission: str | None = None,
         kerberos: bool = False,
@@ -322,14 +347,14 @@ class WebHdfsStorage:
 
     def _upload(self, client: Client, temp: str, spool: _Spool) -> None:
         body = spool.body()
-        # Small bodies as bytes (one send); large ones as a file object, streamed with a
-        # Content-Length (requests measures it with fstat), never chunked.
-        data: bytes | IO[bytes] = body.getvalue() if isinstance(body, io.BytesIO) else body
-        self._call(
-            client,
-            f"CREATE {temp}",
-            lambda: client.write(temp, data=data, overwrite=True, permission=self._permission),
-        )
+        try:
+            self._call(
+                client,
+                f"CREATE {temp}",
+                lambda: client.write(temp, data=body, overwrite=True, permission=self._permission),
+            )
+        finally:
+            body.close()
         status = self._call(client, f"GETFILESTATUS {temp}", lambda: client.status(temp))
         if status.get("length") != spool.result.size:
             raise StorageUnavailableError(
