@@ -242,5 +242,5 @@ def test_missing_hdfs_package_gives_the_install_hint(monkeypatch: pytest.MonkeyP
         monkeypatch.delitem(_FACTORIES, scheme, raising=False)
     with pytest.raises(MissingDependencyError, match=r"pip install 'trajtrack\[hdfs\]'"):
         open_storage("webhdfs://nn:1/x")
-    with pytest.raises(MissingDependencyError, match="'hdfs'"):
+    with pytest.raises(MissingDependencyError, match=r"dependency 'hdfs(\.\w+)?'"):
         open_storage("hdfs://nn/x")
