@@ -455,6 +455,16 @@ async def test_invalid_names_are_rejected_before_anything_is_queued(
     assert [p for p in tmp_path.rglob("*") if ".trajtrack" not in p.parts] == []
 
 
+async def test_longest_names_fit_with_their_suffix_and_temp_name(tmp_path: Path) -> None:
+    async with Tracker(tmp_path) as tracker:
+        longest = "n" * (255 - len(".pth"))
+        record = await (await tracker.dump(tiny(0), f"dir/{longest}"))
+        assert record.path == f"dir/{longest}.pth"
+        with pytest.raises(trajtrack.InvalidNameError, match="255"):
+            await tracker.dump(tiny(0), longest + "n")  # fits alone, not with ".pth"
+    assert (tmp_path / record.path).exists()
+
+
 async def test_name_template_keeps_ranks_apart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

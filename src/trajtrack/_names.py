@@ -140,7 +140,10 @@ def render_name(template: str, name: str, who: WriterIdentity) -> str:
 def temp_path_for(path: str, who: WriterIdentity) -> str:
     """A hidden temporary path next to *path*, naming the writing host and pid."""
     head, _, base = path.rpartition("/")
-    temp = f".{base}{_TEMP_MARK}{who.host}~{who.pid}~{secrets.token_hex(4)}"
+    # A long final name would make the temporary name exceed 255 bytes: keep a prefix of it
+    # (the temporary name only has to be unique and to say who wrote it).
+    short = base.encode("utf-8", "surrogatepass")[:100].decode("utf-8", "ignore")
+    temp = f".{short}{_TEMP_MARK}{who.host}~{who.pid}~{secrets.token_hex(4)}"
     return f"{head}/{temp}" if head else temp
 
 

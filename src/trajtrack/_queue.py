@@ -48,6 +48,7 @@ class Job:
     nbytes: int
     future: Any  # concurrent.futures.Future[DumpRecord]
     enqueued_at: float = field(default_factory=time.monotonic)
+    who: Any = None  # WriterIdentity of the process that made the dump, when not this one
 
 
 class PendingQueue:

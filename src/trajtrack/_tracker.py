@@ -415,8 +415,9 @@ class Tracker:
         this tracker's own.
         """
         self._check_running()
-        path = render_name(self._template, name, who) + self._suffix
+        path = validate_name(render_name(self._template, name, who) + self._suffix)
         job = self._job(name, path, BytesPayload(data))
+        job.who = who  # the record names the process that made the dump
         deadline = None if timeout is None else time.monotonic() + timeout
         assert self._queue is not None
         await self._queue.put(job, self._policy, deadline)
@@ -435,7 +436,8 @@ class Tracker:
             raise TrackerClosedError(f"cannot dump: the tracker is {self._state.value}")
 
     def _path_for(self, name: str) -> str:
-        return render_name(self._template, name, self._who) + self._suffix
+        # Validated again with the suffix: the stored file name must fit HDFS's 255 bytes.
+        return validate_name(render_name(self._template, name, self._who) + self._suffix)
 
     async def _snapshot_async(self, obj: Any) -> Payload:
         nbytes = _plain_size(obj)
@@ -533,14 +535,15 @@ class Tracker:
                 await anyio.sleep(delay)
 
     def _committed(self, job: Job, size: int, checksum: str) -> None:
+        who = job.who or self._who
         record = DumpRecord(
             name=job.path[: len(job.path) - len(self._suffix)] if self._suffix else job.path,
             path=job.path,
             size=size,
             checksum=checksum,
-            host=self._who.host,
-            pid=self._who.pid,
-            rank=self._who.rank,
+            host=who.host,
+            pid=who.pid,
+            rank=who.rank,
             writer=self._writer_id,
             time=time.time(),
         )
