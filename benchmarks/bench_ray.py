@@ -156,9 +156,9 @@ def main() -> None:
 
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ["VERL_ENABLE_TRACKER"] = "1"
+    import ray
     import torch
 
-    import ray
     import trajtrack
     import trajtrack.ray as tr
 

@@ -14,9 +14,9 @@ import json
 import os
 import sys
 
+import ray
 import torch
 
-import ray
 import trajtrack.ray as tr
 
 

@@ -75,6 +75,7 @@ def test_import_without_ray_gives_the_install_hint() -> None:
 @pytest.mark.ray
 def test_disabled_dump_data_is_a_noop(ray_cluster: Any, tracker_env: dict[str, Any]) -> None:
     import ray
+
     import trajtrack.ray as tr
 
     os.environ.pop("VERL_ENABLE_TRACKER")
@@ -87,9 +88,9 @@ def test_disabled_dump_data_is_a_noop(ray_cluster: Any, tracker_env: dict[str, A
 def test_ten_tasks_in_different_workers_dump_then_flush(
     ray_cluster: Any, tracker_env: dict[str, Any]
 ) -> None:
+    import ray
     from _ray_tasks import dump_one, payload
 
-    import ray
     import trajtrack.ray as tr
 
     # Create the actor first with a template that puts the *writer's* pid into the names.
@@ -118,6 +119,7 @@ def test_a_second_driver_finds_the_actor_by_name(
     ray_cluster: Any, tracker_env: dict[str, Any]
 ) -> None:
     import ray
+
     import trajtrack.ray as tr
 
     tr.dump_data({"x": torch.arange(4)}, "first")
@@ -134,6 +136,7 @@ def test_a_dump_just_before_the_creating_driver_leaves_still_lands(
     ray_cluster: Any, tmp_path: Path, actor_name: str
 ) -> None:
     import ray
+
     import trajtrack.ray as tr
 
     dest = tmp_path / "late"
@@ -153,6 +156,7 @@ def test_a_failing_storage_surfaces_through_flush(
     ray_cluster: Any, tracker_env: dict[str, Any]
 ) -> None:
     import ray
+
     import trajtrack
     import trajtrack.ray as tr
 
@@ -234,6 +238,7 @@ def test_bad_names_are_rejected_in_the_caller(
     ray_cluster: Any, tracker_env: dict[str, Any]
 ) -> None:
     import ray
+
     import trajtrack
     import trajtrack.ray as tr
 
@@ -249,6 +254,7 @@ def test_a_gone_actor_is_replaced_on_the_next_dump(
     ray_cluster: Any, tracker_env: dict[str, Any]
 ) -> None:
     import ray
+
     import trajtrack.ray as tr
 
     tr.dump_data({"x": torch.ones(1)}, "before")
