@@ -7,10 +7,17 @@ imported explicitly by the users who want them.
 
 from __future__ import annotations
 
+from trajtrack._diff import (
+    RunDiff as RunDiff,
+    Tolerance as Tolerance,
+    compare as compare,
+    diff_runs as diff_runs,
+)
 from trajtrack._exceptions import (
     ConfigurationError as ConfigurationError,
     DumpDroppedError as DumpDroppedError,
     DumpExistsError as DumpExistsError,
+    DumpLoadError as DumpLoadError,
     InvalidNameError as InvalidNameError,
     MissingDependencyError as MissingDependencyError,
     QueueFullError as QueueFullError,
@@ -26,6 +33,12 @@ from trajtrack._exceptions import (
 )
 from trajtrack._handle import DumpHandle as DumpHandle
 from trajtrack._queue import FullPolicy as FullPolicy
+from trajtrack._reader import (
+    DumpInfo as DumpInfo,
+    Run as Run,
+    SyncRun as SyncRun,
+    open_run as open_run,
+)
 from trajtrack._record import DumpRecord as DumpRecord
 from trajtrack._retry import RetryPolicy as RetryPolicy
 from trajtrack._shim import (
@@ -44,18 +57,24 @@ __all__ = (
     "DumpDroppedError",
     "DumpExistsError",
     "DumpHandle",
+    "DumpInfo",
+    "DumpLoadError",
     "DumpRecord",
     "FullPolicy",
     "InvalidNameError",
     "MissingDependencyError",
     "QueueFullError",
     "RetryPolicy",
+    "Run",
+    "RunDiff",
     "SerializationError",
     "StorageError",
     "StorageNotFoundError",
     "StoragePermissionError",
     "StorageUnavailableError",
+    "SyncRun",
     "SyncTracker",
+    "Tolerance",
     "Tracker",
     "TrackerClosedError",
     "TrackerState",
@@ -63,7 +82,10 @@ __all__ = (
     "TrajtrackError",
     "UnsafeLoadError",
     "__version__",
+    "compare",
+    "diff_runs",
     "dump_data",
     "get_tracker",
     "is_enabled",
+    "open_run",
 )

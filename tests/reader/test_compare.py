@@ -1,0 +1,67 @@
+"""Structural comparison, unit level."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from trajtrack._diff import Tolerance, compare
+
+
+@dataclasses.dataclass
+class Point:
+    x: float
+    tags: list[str]
+
+
+def kinds(a: object, b: object, **tol: float | bool) -> list[tuple[str, str]]:
+    return [(d.path, d.kind) for d in compare(a, b, Tolerance(**tol))]  # type: ignore[arg-type]
+
+
+def test_equal_nested_structures() -> None:
+    value = {"t": torch.arange(4), "a": np.arange(3.0), "l": [1, "x", None], "p": Point(1.0, [])}
+    assert compare(value, {**value, "p": Point(1.0, [])}) == []
+
+
+def test_paths_name_the_place() -> None:
+    a = {"p": Point(1.0, ["a", "b"]), "l": (1, 2)}
+    b = {"p": Point(2.0, ["a", "c"]), "l": (1, 2, 3)}
+    assert kinds(a, b) == [("['p'].x", "value"), ("['p'].tags[1]", "value"), ("['l']", "length")]
+
+
+def test_type_mismatch_and_numbers() -> None:
+    assert kinds([1], (1,)) == [("", "type")]
+    assert kinds(1, 1.0) == []
+    assert kinds(1.0, 1.05, atol=0.1) == []
+    assert kinds(1.0, 1.05) == [("", "value")]
+    assert kinds(float("nan"), float("nan")) == []
+    assert kinds(float("nan"), float("nan"), equal_nan=False) == [("", "value")]
+
+
+def test_numpy_arrays() -> None:
+    assert kinds(np.zeros(3), np.zeros(3, dtype=np.float32)) == [("", "dtype")]
+    assert kinds(np.zeros((2, 2)), np.zeros(4)) == [("", "shape")]
+    a = np.array(["x", {"k": 1}], dtype=object)
+    b = np.array(["x", {"k": 2}], dtype=object)
+    assert kinds(a, b) == [("[1]['k']", "value")]
+    (d,) = compare(np.arange(6).reshape(2, 3), np.array([[0, 1, 2], [3, 9, 5]]))
+    assert d.index == (1, 1) and d.max_abs == 5.0 and d.mismatched == 1
+
+
+def test_tensor_statistics_and_first_index() -> None:
+    a = torch.zeros(3, 4)
+    b = a.clone()
+    b[1, 2], b[2, 0] = 0.5, -2.0
+    (d,) = compare(a, b)
+    assert d.index == (1, 2) and d.mismatched == 2 and d.total == 12
+    assert d.max_abs == pytest.approx(2.0)
+    assert compare(a, b, Tolerance(atol=2.0)) == []
+
+
+def test_limit_stops_the_walk() -> None:
+    a = {str(i): i for i in range(100)}
+    b = {str(i): i + 1 for i in range(100)}
+    assert len(compare(a, b, limit=7)) == 7

@@ -1,0 +1,111 @@
+"""The reader API: listing from records (merged over writers), fallback, loading, iteration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import trajtrack
+from trajtrack import DumpLoadError, StorageNotFoundError, UnsafeLoadError
+from trajtrack._reader import SyncRun, open_run
+from trajtrack.backends._protocol import checksum_of
+from trajtrack.backends.memory import MemoryStorage
+from trajtrack.rollout import RolloutBatch, RolloutSample
+
+
+class Evil:
+    def __reduce__(self) -> tuple[object, ...]:
+        return (print, ("owned",))
+
+
+async def test_list_merges_writers_latest_wins(tmp_path: Path) -> None:
+    dest = str(tmp_path)
+    async with trajtrack.Tracker(dest) as first:
+        await (await first.dump(torch.zeros(2), "shared"))
+        await (await first.dump(torch.zeros(1), "only_first"))
+    async with trajtrack.Tracker(dest) as second:
+        await (await second.dump(torch.ones(3), "shared"))
+    async with open_run(dest) as run:
+        dumps = {d.name: d for d in await run.list()}
+        assert set(dumps) == {"shared", "only_first"}
+        assert dumps["shared"].writer != dumps["only_first"].writer
+        assert dumps["shared"].size == (tmp_path / "shared.pth").stat().st_size
+        assert torch.equal(await run.load("shared"), torch.ones(3))
+        assert (await run.scan()).segments == 2
+
+
+async def test_unrecorded_files_and_temp_files(tmp_path: Path) -> None:
+    async with trajtrack.Tracker(str(tmp_path)) as tracker:
+        await (await tracker.dump({"a": 1}, "step0/a"))
+    torch.save({"b": 2}, tmp_path / "step0" / "b.pth")
+    (tmp_path / "step0" / ".b.pth.tmp~host~1~abcd").write_bytes(b"x")
+    async with open_run(str(tmp_path)) as run:
+        dumps = {d.name: d for d in await run.list()}
+        assert set(dumps) == {"step0/a", "step0/b"}
+        assert dumps["step0/a"].recorded and not dumps["step0/b"].recorded
+        assert dumps["step0/b"].checksum is None
+        assert await run.load("step0/b") == {"b": 2}
+        assert [d.name for d in await run.list("*/b")] == ["step0/b"]
+
+
+async def test_memory_url_iteration_and_read_bytes() -> None:
+    async with trajtrack.Tracker("memory://reader/run") as tracker:
+        for i in range(3):
+            await (await tracker.dump({"i": torch.tensor(i)}, f"d{i}"))
+    async with open_run("memory://reader/run") as run:
+        seen = [(info.name, int(obj["i"])) async for info, obj in run]
+        assert seen == [("d0", 0), ("d1", 1), ("d2", 2)]
+        data = await run.read_bytes("d1")
+        info = await run.info("d1")
+        assert len(data) == info.size
+        assert checksum_of(data) == info.checksum
+
+
+async def test_rollout_types_load_safely(tmp_path: Path) -> None:
+    sample = RolloutSample(
+        full_batch=RolloutBatch(
+            {"responses": torch.tensor([[1, 2]])},
+            {"uid": np.array(["u"], dtype=object)},
+            {"k": np.float64(1.5)},
+        ),
+        sample_id="s",
+    )
+    async with trajtrack.Tracker(str(tmp_path)) as tracker:
+        await (await tracker.dump(sample, "sample"))
+    async with open_run(str(tmp_path)) as run:
+        assert await run.load("sample") == sample
+
+
+async def test_unsafe_and_corrupt_dumps(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    torch.save({"x": Evil()}, tmp_path / "evil.pth")
+    (tmp_path / "junk.pth").write_bytes(b"\x00garbage")
+    async with open_run(str(tmp_path)) as run:
+        with pytest.raises(UnsafeLoadError, match=r"builtins\.print"):
+            await run.load("evil")
+        with pytest.raises(DumpLoadError):
+            await run.load("junk")
+        with pytest.raises(StorageNotFoundError):
+            await run.load("absent")
+        assert await run.load("evil", unsafe=True) == {"x": None}
+    assert "unsafe=True" in caplog.text
+
+
+async def test_corrupt_record_lines_are_skipped_and_counted() -> None:
+    async with trajtrack.Tracker("memory://rec/run") as tracker:
+        await (await tracker.dump(1, "one"))
+    MemoryStorage("memory://rec/run").put_raw(".trajtrack/records/zz-000001.jsonl", b"{not json\n")
+    async with open_run("memory://rec/run") as run:
+        listing = await run.scan()
+        assert [d.name for d in listing.dumps] == ["one"]
+        assert listing.bad_record_lines == 1
+
+
+def test_sync_run(tmp_path: Path) -> None:
+    torch.save(torch.arange(3), tmp_path / "x.pth")
+    with SyncRun(str(tmp_path)) as run:
+        assert [d.name for d in run.list()] == ["x"]
+        assert torch.equal(run.load("x"), torch.arange(3))
+        assert [name for name, _ in ((i.name, o) for i, o in run)] == ["x"]
