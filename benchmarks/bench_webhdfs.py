@@ -33,8 +33,8 @@ from typing import Any
 
 import anyio
 import torch
-
 from hdfs import InsecureClient
+
 from trajtrack import Tracker
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from blockbuster import BlockBuster, blockbuster_ctx
+from hdfs import InsecureClient
 
 import trajtrack
 from _support.hdfs_cluster import HdfsCluster
-from hdfs import InsecureClient
 from trajtrack import Tracker
 
 pytestmark = pytest.mark.hdfs

@@ -36,10 +36,10 @@ from typing import IO, Any, TypeVar
 import anyio
 import anyio.to_thread
 import requests
+from hdfs import InsecureClient
 from hdfs.client import Client
 from hdfs.util import HdfsError
 
-from hdfs import InsecureClient
 from trajtrack._exceptions import (
     ConfigurationError,
     DumpExistsError,
