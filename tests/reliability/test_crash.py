@@ -1,0 +1,190 @@
+"""Case 1, crash safety: writers SIGKILLed at random moments never leave a partial dump visible.
+
+A zygote process (torch imported once) forks one writer per trial; the writer streams dumps of
+mixed sizes (1 KB to 2 MB) from 6 tasks through 4 upload workers, and the test kills it with
+SIGKILL at a random moment after its first commit. After every kill:
+
+* every file under a final name loads (``weights_only=True``) and equals its source, which the
+  test recomputes from the name;
+* every record line describes a file that exists with the recorded size and checksum;
+* temporary files are never under a final name, never listed by the reader;
+* the next writer on the directory has swept the temporary files of every earlier, dead writer.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import anyio
+import pytest
+
+import trajtrack
+from trajtrack._names import WriterIdentity, temp_path_for
+
+from ._payloads import KIB, MIB, check_file
+from ._proc import Child, final_files, records, temp_files
+
+HIGH = 2 * MIB
+TASKS = 6
+
+
+def _trials(request: pytest.FixtureRequest) -> int:
+    return 100 if request.config.getoption("--long") else 20
+
+
+def _check_after_kill(dest: Path, prefix: str, dead: set[int]) -> tuple[int, int]:
+    """The invariants after one kill; returns (dumps checked, temp files left by the kill)."""
+    files = final_files(dest)
+    mine = {name: path for name, path in files.items() if name.startswith(prefix + "/")}
+    for name, path in mine.items():
+        check_file(path, name, KIB, HIGH)
+    for record in records(dest):
+        stored = dest / record.path
+        assert stored.is_file(), f"recorded but missing: {record.path}"
+        data = stored.read_bytes()
+        assert len(data) == record.size, record.path
+        assert f"crc32:{zlib.crc32(data):08x}" == record.checksum, record.path
+    left = 0
+    for path, (_host, pid) in temp_files(dest):
+        assert path.rpartition("/")[2].startswith("."), path
+        # swept by the writer that started after `pid` died; only the last one's may remain
+        assert pid not in dead, f"temp file of an earlier dead writer not swept: {path}"
+        left += 1
+    return len(mine), left
+
+
+def _reader_lists_no_temp(dest: Path) -> None:
+    reader = pytest.importorskip("trajtrack._reader")
+    with reader.SyncRun(dest) as run:
+        listed = run.list(refresh=True)
+    files = final_files(dest)
+    assert {info.path for info in listed} == {f"{name}.pth" for name in files}
+    for info in listed:
+        assert ".tmp~" not in info.path
+        assert not any(part.startswith(".") for part in info.path.split("/"))
+
+
+def test_sigkill_at_random_moments_local(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    seed = int(os.environ.get("TRAJTRACK_CRASH_SEED", time.time_ns() % 100_000))
+    rng = random.Random(seed)
+    dest = tmp_path / "run"
+    zygote = Child("zygote")
+    zygote.wait_line("ZYGOTE")
+    dead: set[int] = set()
+    checked = leftovers = 0
+    try:
+        for trial in range(_trials(request)):
+            zygote.send(f"crash {dest} k{trial} {TASKS} {HIGH}")
+            pid = int(zygote.wait_line("PID"))
+            zygote.wait_line("READY")
+            time.sleep(rng.uniform(0.0, 0.5))
+            os.kill(pid, 9)
+            assert zygote.wait_line("EXIT") == f"{pid} -9", f"seed {seed}"
+            count, left = _check_after_kill(dest, f"k{trial}", dead)
+            assert count >= 1, f"trial {trial} (seed {seed}) committed nothing before READY?"
+            checked += count
+            leftovers += left
+            dead.add(pid)
+    finally:
+        zygote.finish()
+    sys.stderr.write(f"crash trials: seed {seed}, {checked} dumps verified, {leftovers} temps\n")
+    _reader_lists_no_temp(dest)
+
+
+async def test_next_tracker_sweeps_dead_writers_temp_files_never_live_ones(
+    tmp_path: Path,
+) -> None:
+    dest = tmp_path / "run"
+    dest.mkdir()
+    host = WriterIdentity.current().host
+    dead_pid = _dead_pid()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        planted = {}
+        for label, pid in (("dead", dead_pid), ("live", live.pid)):
+            who = WriterIdentity(host=host, pid=pid, rank=0, local_rank=0, world_size=1)
+            path = temp_path_for(f"step1/{label}.pth", who)
+            (dest / path).parent.mkdir(parents=True, exist_ok=True)
+            (dest / path).write_bytes(b"half a dump")
+            planted[label] = dest / path
+        other_host = temp_path_for(
+            "step1/remote.pth", WriterIdentity("another-host", dead_pid, 0, 0, 1)
+        )
+        (dest / other_host).write_bytes(b"not ours to judge")
+        async with trajtrack.Tracker(dest) as tracker:
+            await tracker.dump({"x": 1}, "step1/new")
+        assert not planted["dead"].exists()
+        assert planted["live"].exists()  # a live writer's upload in progress is never touched
+        assert (dest / other_host).exists()  # a pid of another host says nothing about liveness
+    finally:
+        live.kill()
+        live.wait(timeout=30)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=60)
+    return proc.pid
+
+
+@pytest.mark.hdfs
+async def test_sigkill_at_random_moments_hdfs(
+    hdfs_url: str, request: pytest.FixtureRequest
+) -> None:
+    """The same trials against the real HDFS test cluster, read back through the storage."""
+    from trajtrack.backends import open_storage
+
+    seed = time.time_ns() % 100_000
+    rng = random.Random(seed)
+    zygote = Child("zygote")
+    zygote.wait_line("ZYGOTE")
+    dead: set[int] = set()
+    try:
+        for trial in range(_trials(request)):
+            zygote.send(f"crash {hdfs_url} k{trial} {TASKS} {HIGH}")
+            pid = int(zygote.wait_line("PID"))
+            zygote.wait_line("READY")
+            await anyio.sleep(rng.uniform(0.0, 0.5))
+            os.kill(pid, 9)
+            assert zygote.wait_line("EXIT") == f"{pid} -9", f"seed {seed}"
+            dead.add(pid)
+    finally:
+        zygote.finish()
+    storage = open_storage(hdfs_url)
+    await storage.prepare()
+    try:
+        await _check_storage(storage, dead)
+    finally:
+        await storage.aclose()
+
+
+async def _check_storage(storage: trajtrack.backends.Storage, dead: set[int]) -> None:
+    import io
+
+    import torch
+
+    from trajtrack._names import is_internal_path, parse_temp_path
+
+    from ._payloads import payload_for
+
+    files = await storage.list()
+    finals = [f for f in files if not is_internal_path(f.path)]
+    assert finals
+    for info in finals:
+        name = info.path.removesuffix(".pth")
+        loaded = torch.load(io.BytesIO(await storage.read(info.path)), weights_only=True)
+        expected = payload_for(name, KIB, HIGH)
+        assert loaded["name"] == name
+        assert torch.equal(loaded["data"], expected["data"]), info.path
+    last = max(dead)
+    for info in files:
+        owner = parse_temp_path(info.path)
+        if owner is not None:
+            # only the last writer (no tracker ran after it) may have left temporary files
+            assert owner[1] not in dead - {last}, info.path
