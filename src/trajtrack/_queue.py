@@ -71,6 +71,9 @@ class PendingQueue:
         self._pending_bytes = 0
         self._pending_items = 0
         self._closed = False
+        self._idle = 0  # workers waiting in get()
+        self._wake_scheduled = False  # a cross-thread wake-up is on its way to the loop
+        self._waker = _Waker(loop, self._set_nonempty)
         # Loop-side wake-ups; replaced after each set so that waiters see fresh events.
         self._nonempty = asyncio.Event()
         self._space_freed = asyncio.Event()
@@ -187,7 +190,12 @@ class PendingQueue:
                 if self._closed:
                     return None
                 event = self._nonempty
-            await event.wait()
+                self._idle += 1  # producers wake the loop only when a worker waits
+            try:
+                await event.wait()
+            finally:
+                with self._lock:
+                    self._idle -= 1
 
     def done(self, job: Job) -> None:
         """Release *job*'s share of the budget (its upload ended, either way)."""
@@ -212,7 +220,8 @@ class PendingQueue:
         with self._lock:
             self._closed = True
             self._space.notify_all()
-        self._wake_workers()
+        self._wake_workers(force=True)
+        self._waker.stop()
 
     # ------------------------------------------------------------------ wake-ups
 
@@ -222,13 +231,25 @@ class PendingQueue:
         except RuntimeError:
             return False
 
-    def _wake_workers(self) -> None:
-        if self._in_loop():
+    def _wake_workers(self, *, force: bool = False) -> None:
+        # Waking the loop from another thread writes to its self-pipe, a syscall that releases
+        # the GIL: the producer may then wait a whole switch interval to get it back. So wake
+        # only when a worker actually waits, and at most once until the wake-up has run; busy
+        # workers find new jobs when they come back to get().
+        in_loop = self._in_loop()
+        with self._lock:
+            if not force and (self._idle == 0 or self._wake_scheduled):
+                return
+            if not in_loop:
+                self._wake_scheduled = True
+        if in_loop:
             self._set_nonempty()
         else:
-            self._loop.call_soon_threadsafe(self._set_nonempty)
+            self._waker.wake()
 
     def _set_nonempty(self) -> None:
+        with self._lock:
+            self._wake_scheduled = False
         event, self._nonempty = self._nonempty, asyncio.Event()
         event.set()
 
@@ -243,3 +264,46 @@ class PendingQueue:
     def _set_space_freed(self) -> None:
         event, self._space_freed = self._space_freed, asyncio.Event()
         event.set()
+
+
+class _Waker:
+    """Wakes the event loop on behalf of producer threads, off their critical path.
+
+    ``loop.call_soon_threadsafe`` writes to the loop's self-pipe; that syscall releases the
+    GIL, and getting it back can cost the producer a whole switch interval (5 ms) while upload
+    threads serialize. Setting a ``threading.Event`` does not release the GIL, so producers
+    signal this small daemon thread instead, and it makes the syscall.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+        self._loop = loop
+        self._callback = callback
+        self._event = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def wake(self) -> None:
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="trajtrack-waker", daemon=True
+                    )
+                    self._thread.start()
+        self._event.set()
+
+    def _run(self) -> None:
+        while True:
+            self._event.wait()
+            self._event.clear()
+            try:  # deliver the wake-up even when stopping: close() itself sends one
+                self._loop.call_soon_threadsafe(self._callback)
+            except RuntimeError:  # the loop is closed: nothing left to wake
+                return
+            if self._stopped:
+                return
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._event.set()
