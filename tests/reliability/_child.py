@@ -40,6 +40,46 @@ class SlowLocalStorage(LocalStorage):
         return super()._write_sync(path, payload, overwrite)
 
 
+class _ThrottledOut:
+    """A file wrapper that pauses 20 ms per 256 KB written and 10 ms per flush: a slow disk."""
+
+    def __init__(self, out: Any) -> None:
+        self._out = out
+        self._since_pause = 0
+
+    def write(self, data: Any) -> int:
+        written: int = self._out.write(data)
+        self._since_pause += written
+        if self._since_pause >= 256 * KIB:
+            self._since_pause = 0
+            time.sleep(0.02)
+        return written
+
+    def flush(self) -> None:
+        time.sleep(0.01)
+        self._out.flush()
+
+
+class _ThrottledPayload:
+    def __init__(self, payload: Any) -> None:
+        self._payload = payload
+        self.nbytes = payload.nbytes
+
+    def write_to(self, out: Any) -> None:
+        self._payload.write_to(_ThrottledOut(out))
+
+
+class ThrottledLocalStorage(LocalStorage):
+    """The local backend writing at a slow disk's pace, so uploads are often mid-write."""
+
+    def _write_temp(self, temp: Any, payload: Any) -> Any:
+        return super()._write_temp(temp, _ThrottledPayload(payload))
+
+
+def _throttled_factory(url: str, **options: Any) -> LocalStorage:
+    return ThrottledLocalStorage(url.removeprefix("slowdisk://"), **options)
+
+
 def _slow_factory(url: str, **options: Any) -> LocalStorage:
     return SlowLocalStorage(url.removeprefix("slowfile://"), **options)
 
@@ -64,6 +104,7 @@ def _hanging_factory(url: str, **_options: Any) -> MemoryStorage:
 
 register_backend("slowfile", _slow_factory)
 register_backend("hang", _hanging_factory)
+register_backend("slowdisk", _throttled_factory)
 
 
 # --------------------------------------------------------------------------- crash

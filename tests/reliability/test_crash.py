@@ -1,8 +1,9 @@
 """Case 1, crash safety: writers SIGKILLed at random moments never leave a partial dump visible.
 
 A zygote process (torch imported once) forks one writer per trial; the writer streams dumps of
-mixed sizes (1 KB to 2 MB) from 6 tasks through 4 upload workers, and the test kills it with
-SIGKILL at a random moment after its first commit. After every kill:
+mixed sizes (1 KB to 2 MB) from 6 tasks through 4 upload workers to the local backend throttled
+to a slow disk's pace (20 ms per 256 KB, 10 ms per flush, so that most kills land while files are being written),
+and the test kills it with SIGKILL at a random moment after its first commit. After every kill:
 
 * every file under a final name loads (``weights_only=True``) and equals its source, which the
   test recomputes from the name;
@@ -80,7 +81,8 @@ def test_sigkill_at_random_moments_local(tmp_path: Path, request: pytest.Fixture
     checked = leftovers = 0
     try:
         for trial in range(_trials(request)):
-            zygote.send(f"crash {dest} k{trial} {TASKS} {HIGH}")
+            # slowdisk: the local backend at a slow device's pace, so kills often land mid-write
+            zygote.send(f"crash slowdisk://{dest} k{trial} {TASKS} {HIGH}")
             pid = int(zygote.wait_line("PID"))
             zygote.wait_line("READY")
             time.sleep(rng.uniform(0.0, 0.5))
