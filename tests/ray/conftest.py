@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -36,9 +37,17 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Ray >= 2.5x turns token authentication on for a new cluster whenever ~/.ray/auth_token exists
+# (anything on the machine may have made one), while a driver that connects by address does
+# not, and then cannot connect. The test cluster uses a token of its own, set for the head,
+# this process and every driver, so that nothing outside the tests decides.
+_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
 def _ray_env() -> dict[str, str]:
     env = dict(os.environ)
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env.update(_AUTH)
     # Workers and extra drivers import the helpers next to this file by name.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
     return env
@@ -134,10 +143,11 @@ def _stop_head(head: subprocess.Popen[str]) -> None:
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     """Start the head node, connect this process as a driver; stop both at session end."""
     _require_ray()
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ.update(_AUTH)  # before Ray reads its configuration
     import ray
 
     env = _ray_env()
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     # Unix socket paths live below the temp dir and are limited to ~107 bytes: keep it short.
     temp_dir = tmp_path_factory.mktemp("ray", numbered=True)
     head, address = _start_head(temp_dir, env)

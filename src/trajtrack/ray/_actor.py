@@ -13,6 +13,7 @@ import asyncio
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from trajtrack._exceptions import TrackerClosedError
@@ -20,7 +21,16 @@ from trajtrack._names import WriterIdentity
 from trajtrack._stats import TrackerStatistics
 from trajtrack._tracker import Tracker, TrackerState
 
-__all__ = ["TrackerActor"]
+__all__ = ["TrackerActor", "Who"]
+
+Who = tuple[str, int, int, int, int]
+"""A writer's identity as it travels to the actor: ``(host, pid, rank, local_rank, world_size)``.
+
+A plain tuple pickles faster than the dataclass; the actor rebuilds the
+:class:`~trajtrack._names.WriterIdentity` (cached per distinct writer).
+"""
+
+_WHO_CACHE_LIMIT = 4096
 
 
 class TrackerActor:
@@ -42,6 +52,23 @@ class TrackerActor:
         self._start_lock = asyncio.Lock()  # binds to the actor's loop on first use
         self._closed = False
         self._token = uuid.uuid4().hex  # tells one actor incarnation from another
+        self._own_identity = WriterIdentity.current()
+        self._identities: dict[Who, WriterIdentity] = {}
+        # Batches of one writer are admitted one batch at a time, in the order they arrive
+        # (Ray starts one caller's calls in order; this keeps them in order past a full queue).
+        self._batch_locks: dict[Who, tuple[asyncio.Lock, list[int]]] = {}
+
+    def _identity(self, who: WriterIdentity | Who | None) -> WriterIdentity:
+        if isinstance(who, WriterIdentity):
+            return who
+        if who is None:
+            return self._own_identity
+        identity = self._identities.get(who)
+        if identity is None:
+            if len(self._identities) >= _WHO_CACHE_LIMIT:
+                self._identities.clear()
+            identity = self._identities[who] = WriterIdentity(*who)
+        return identity
 
     async def _running(self) -> Tracker:
         tracker = self._tracker
@@ -66,14 +93,60 @@ class TrackerActor:
             "token": self._token,
         }
 
-    async def dump(self, data: bytes, name: str, who: WriterIdentity) -> None:
+    async def dump(self, data: bytes, name: str, who: WriterIdentity | Who | None = None) -> None:
         """Queue *data* (already serialized by the caller) as *name* for the writer *who*.
 
         Returns once the dump is admitted to the tracker's queue (it waits for space when the
         queue is full), so a later :meth:`flush` from any process covers it.
+
+        Args:
+            data: The serialized dump (``torch.save`` output).
+            name: The dump name, before the name template.
+            who: The writing process (a ``WriterIdentity`` or its
+                ``(host, pid, rank, local_rank, world_size)`` tuple); default: the actor's.
         """
+        tracker = self._tracker
+        if tracker is None or tracker.state is not TrackerState.RUNNING:
+            tracker = await self._running()
+        await tracker._dump_serialized(data, name, self._identity(who))
+
+    async def dump_many(
+        self, data: Sequence[bytes], names: Sequence[str], who: Who
+    ) -> list[tuple[int, BaseException]]:
+        """Queue a batch of serialized dumps of one writer, in order (the pipelined sender).
+
+        Every dump is tried, even when an earlier one fails; the failures come back as values.
+
+        Args:
+            data: The serialized dumps.
+            names: Their names, one per entry of *data*.
+            who: The writing process, ``(host, pid, rank, local_rank, world_size)``.
+
+        Returns:
+            ``(index, exception)`` for each dump that was not admitted; empty when all were.
+
+        Raises:
+            Exception: The tracker could not be started (none of the dumps was admitted).
+        """
+        if len(data) != len(names):
+            raise ValueError(f"dump_many: {len(data)} payloads but {len(names)} names")
         tracker = await self._running()
-        await tracker._dump_serialized(data, name, who)
+        identity = self._identity(who)
+        lock, users = self._batch_locks.setdefault(who, (asyncio.Lock(), [0]))
+        users[0] += 1
+        failures: list[tuple[int, BaseException]] = []
+        try:
+            async with lock:
+                for index, (payload, name) in enumerate(zip(data, names, strict=True)):
+                    try:
+                        await tracker._dump_serialized(payload, name, identity)
+                    except Exception as exc:
+                        failures.append((index, exc))
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._batch_locks[who]
+        return failures
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until every dump the actor has received is written; re-raise a failure.

@@ -5,10 +5,12 @@ Two ways to send a dump:
 * **acknowledged** (default): ``dump_data`` returns once the actor has admitted the dump, so a
   ``flush`` from *any* process afterwards covers it (Ray orders the calls of one caller, not
   those of different callers). One actor round trip per dump, the bytes shipped once.
-* **pipelined** (``wait=False`` or ``TRAJTRACK_RAY_PIPELINED=1``): returns after submission.
-  At most ``max_in_flight`` unacknowledged dumps per process (the oldest is waited for beyond
-  that); :func:`wait_for_own_dumps` waits for this process's own. A flush from *another*
-  process does not cover dumps still in flight here.
+* **pipelined** (``wait=False`` or ``TRAJTRACK_RAY_PIPELINED=1``): the caller only serializes
+  and appends to a per-process send buffer; a background thread ships the buffer to the actor
+  in batches (one ``dump_many`` call each). At most ``max_in_flight`` dumps (and bytes) per
+  process unacknowledged, buffered or sent, beyond which callers wait;
+  :func:`wait_for_own_dumps` waits for this process's own. A flush from *another* process
+  does not cover dumps still in flight here.
 
 The actor handle is cached per process (no named-actor lookup per call), forgotten after
 ``fork()``, when Ray is re-initialized, and when the actor turns out to be dead.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import concurrent.futures
 import io
 import logging
 import os
@@ -35,7 +38,7 @@ from trajtrack._shim import _destination_from_env, _exit_timeout_from_env, is_en
 from trajtrack._snapshot import torch_save
 from trajtrack._tracker import add_note
 from trajtrack.backends import scheme_of
-from trajtrack.ray._actor import TrackerActor
+from trajtrack.ray._actor import TrackerActor, Who
 
 __all__ = [
     "DEFAULT_ACTOR_NAME",
@@ -57,6 +60,16 @@ NAMESPACE_VAR = "TRAJTRACK_RAY_NAMESPACE"
 PIPELINED_VAR = "TRAJTRACK_RAY_PIPELINED"
 MAX_IN_FLIGHT_VAR = "TRAJTRACK_RAY_MAX_IN_FLIGHT"
 DEFAULT_MAX_IN_FLIGHT = 64
+MAX_IN_FLIGHT_BYTES_VAR = "TRAJTRACK_RAY_MAX_IN_FLIGHT_BYTES"
+DEFAULT_MAX_IN_FLIGHT_BYTES = 256 << 20
+FULL_TIMEOUT_VAR = "TRAJTRACK_RAY_FULL_TIMEOUT"
+DEFAULT_FULL_TIMEOUT = 300.0
+BATCH_MAX_ITEMS = 256
+"""At most this many dumps go to the actor in one ``dump_many`` call."""
+BATCH_MAX_BYTES = 16 << 20
+"""At most this many payload bytes in one call (a larger single dump goes alone)."""
+MAX_BATCHES_IN_FLIGHT = 2
+"""Batches sent and not yet acknowledged, per process; the buffer fills meanwhile."""
 
 # Dumps blocked on the actor's full queue hold a concurrency slot each; flush/statistics calls
 # need free ones, so the limit is far above any sane number of concurrent writers.
@@ -148,7 +161,7 @@ class _Cached:
 
 _cache: dict[tuple[str, str], _Cached] = {}
 _cache_lock = threading.Lock()
-_identity: WriterIdentity | None = None
+_identity: Who | None = None
 
 
 def _current_actor(name: str | None = None, namespace: str | None = None) -> Any:
@@ -189,11 +202,13 @@ def _forget(name: str | None = None, namespace: str | None = None) -> None:
         _cache.pop((_actor_name(name), _namespace(namespace)), None)
 
 
-def _who() -> WriterIdentity:
+def _who() -> Who:
+    """This process's identity as the actor wants it (a tuple: cheaper to pickle per call)."""
     global _identity
     identity = _identity
-    if identity is None or identity.pid != os.getpid():
-        identity = _identity = WriterIdentity.current()
+    if identity is None or identity[1] != os.getpid():
+        me = WriterIdentity.current()
+        identity = _identity = (me.host, me.pid, me.rank, me.local_rank, me.world_size)
     return identity
 
 
@@ -216,17 +231,25 @@ def _pipelined_by_default() -> bool:
     return os.environ.get(PIPELINED_VAR) == "1"
 
 
-def _max_in_flight() -> int:
-    raw = os.environ.get(MAX_IN_FLIGHT_VAR)
+def _positive_from_env(var: str, default: float, kind: type[int] | type[float]) -> Any:
+    raw = os.environ.get(var)
     if not raw:
-        return DEFAULT_MAX_IN_FLIGHT
+        return default
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError:
         value = 0
-    if value < 1:
-        raise ConfigurationError(f"{MAX_IN_FLIGHT_VAR}={raw!r} must be a positive integer")
+    if value <= 0:
+        raise ConfigurationError(f"{var}={raw!r} must be a positive number")
     return value
+
+
+def _limits() -> tuple[int, int, float]:
+    return (
+        _positive_from_env(MAX_IN_FLIGHT_VAR, DEFAULT_MAX_IN_FLIGHT, int),
+        _positive_from_env(MAX_IN_FLIGHT_BYTES_VAR, DEFAULT_MAX_IN_FLIGHT_BYTES, int),
+        _positive_from_env(FULL_TIMEOUT_VAR, DEFAULT_FULL_TIMEOUT, float),
+    )
 
 
 def dump_data(data: Any, name: str, *, wait: bool | None = None) -> None:
@@ -241,27 +264,31 @@ def dump_data(data: Any, name: str, *, wait: bool | None = None) -> None:
         data: Anything ``torch.save`` accepts.
         name: A relative dump name such as ``"step3/rank0_obs"``.
         wait: ``True``: return when the actor has the dump (acknowledged); ``False``: return
-            after submission (pipelined, see :func:`wait_for_own_dumps`). Default: pipelined
-            when ``TRAJTRACK_RAY_PIPELINED=1``, else acknowledged.
+            once the bytes are in this process's send buffer (pipelined, see
+            :func:`wait_for_own_dumps`). Default: pipelined when ``TRAJTRACK_RAY_PIPELINED=1``,
+            else acknowledged.
 
     Raises:
         InvalidNameError: *name* is not a safe relative dump name (nothing was sent).
         SerializationError: *data* cannot be serialized.
-        Exception: In acknowledged mode, the actor's error (e.g. ``TrackerClosedError``).
+        TimeoutError: Pipelined: this process's in-flight bound stayed full for
+            ``TRAJTRACK_RAY_FULL_TIMEOUT`` seconds (nothing was buffered).
+        Exception: Acknowledged: the actor's error (e.g. ``TrackerClosedError``).
     """
     if not is_enabled():
         return
     validate_name(name)
-    payload = _serialize(data)
-    who = _who()
     if wait is None:
         wait = not _pipelined_by_default()
     if wait:
+        payload = _serialize(data)
+        who = _who()
         _call_with_retry(lambda actor: ray.get(actor.dump.remote(payload, name, who)))
-    else:
-        limit = _max_in_flight()
-        ref = _call_with_retry(lambda actor: actor.dump.remote(payload, name, who))
-        _in_flight.add(ref, limit)
+        return
+    max_items, max_bytes, full_timeout = _limits()
+    if (_actor_name(None), _namespace(None)) not in _cache:
+        _current_actor()  # look up / create in the caller: a bad setup raises here
+    _sender.put(_serialize(data), name, _who(), max_items, max_bytes, full_timeout)
 
 
 def _call_with_retry(call: Any) -> Any:
@@ -277,54 +304,102 @@ def _call_with_retry(call: Any) -> Any:
 # --------------------------------------------------------------------------- pipelined mode
 
 
-class _InFlight:
-    """This process's unacknowledged pipelined dumps, oldest first, bounded per process."""
+@dataclass
+class _Item:
+    seq: int
+    payload: bytes
+    name: str
+    who: Who
+
+
+@dataclass
+class _Batch:
+    first_seq: int
+    items: int
+    nbytes: int
+
+
+class _Sender:
+    """This process's pipelined dumps: a bounded send buffer and one background sender thread.
+
+    Callers append serialized dumps to the buffer (waiting while this process has
+    ``max_items`` dumps or ``max_bytes`` bytes unacknowledged, buffered or sent). The sender
+    thread, started on first use, ships the buffer in batches (bounded by
+    :data:`BATCH_MAX_ITEMS` and :data:`BATCH_MAX_BYTES`) with one ``dump_many`` call each, at
+    most :data:`MAX_BATCHES_IN_FLIGHT` unacknowledged at a time; Ray's completion callbacks
+    settle them. Errors are kept (first one, and a count) until :meth:`wait` raises them.
+
+    Every dump has a sequence number; :meth:`wait` waits until all those made before it are
+    settled, so writers that keep dumping from other threads cannot starve it.
+    """
 
     def __init__(self) -> None:
-        self._refs: collections.deque[Any] = collections.deque()
         self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)  # the sender thread waits here
+        self._settled = threading.Condition(self._lock)  # callers and waiters wait here
+        self._buffer: collections.deque[_Item] = collections.deque()
+        self._batches: dict[int, _Batch] = {}
+        self._next_seq = 0
+        self._next_batch = 0
+        self._items = 0  # buffered + sent, not yet acknowledged
+        self._bytes = 0
         self._error: BaseException | None = None
         self._errors = 0
+        self._thread: threading.Thread | None = None
         self._exit_hook = False
 
-    def __len__(self) -> int:
-        return len(self._refs)
+    # ------------------------------------------------------------------ callers
 
-    def add(self, ref: Any, limit: int) -> None:
+    def in_flight(self) -> int:
+        return self._items
+
+    def put(
+        self, payload: bytes, name: str, who: Who, max_items: int, max_bytes: int, timeout: float
+    ) -> None:
+        nbytes = len(payload)
         with self._lock:
-            self._refs.append(ref)
-            if not self._exit_hook:
-                self._exit_hook = True
-                atexit.register(_drain_at_exit)
-            # Backpressure: Ray runs one caller's calls to an actor in order, so waiting for
-            # the oldest is waiting for the first to finish.
-            while len(self._refs) > limit:
-                self._settle(self._refs.popleft(), None)
+            if self._items and not self._fits(nbytes, max_items, max_bytes):
+                deadline = time.monotonic() + timeout
+                while self._items and not self._fits(nbytes, max_items, max_bytes):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(
+                            f"trajtrack.ray: {self._items} pipelined dumps ({self._bytes} bytes) "
+                            f"of this process are still unacknowledged after {timeout:g} s "
+                            f"(limits: {max_items} dumps, {max_bytes} bytes; set "
+                            f"{FULL_TIMEOUT_VAR} to wait longer); {name!r} was not sent"
+                        )
+                    self._settled.wait(left)
+            self._buffer.append(_Item(self._next_seq, payload, name, who))
+            self._next_seq += 1
+            self._items += 1
+            self._bytes += nbytes
+            if self._thread is None:
+                self._start_locked()
+            self._work.notify()
 
-    def _settle(self, ref: Any, timeout: float | None) -> None:
-        try:
-            ray.get(ref, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise
-        except Exception as exc:
-            logger.warning("a pipelined trajtrack dump failed: %s", exc)
-            self._errors += 1
-            if self._error is None:
-                self._error = exc
+    def _fits(self, nbytes: int, max_items: int, max_bytes: int) -> bool:
+        return self._items < max_items and self._bytes + nbytes <= max_bytes
+
+    def _start_locked(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="trajtrack-ray-sender", daemon=True)
+        self._thread.start()
+        if not self._exit_hook:
+            self._exit_hook = True
+            atexit.register(_drain_at_exit)
 
     def wait(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self._refs:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    self._settle(self._refs[0], left)
-                except ray.exceptions.GetTimeoutError:
+            target = self._next_seq  # everything made before this call
+            while self._oldest_unsettled_locked() < target:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
                     raise TimeoutError(
-                        f"{len(self._refs)} pipelined dumps of this process were not "
-                        f"acknowledged within {timeout} s"
-                    ) from None
-                self._refs.popleft()
+                        f"{self._items} pipelined dumps of this process were not "
+                        f"acknowledged by the tracker actor within {timeout} s"
+                    )
+                self._settled.wait(left)
             error, count = self._error, self._errors
             self._error, self._errors = None, 0
         if error is not None:
@@ -332,38 +407,116 @@ class _InFlight:
                 add_note(error, f"trajtrack: {count - 1} more pipelined dumps failed")
             raise error
 
-    def forget(self) -> None:
-        self._refs = collections.deque()
-        self._lock = threading.Lock()
-        self._error, self._errors = None, 0
+    def _oldest_unsettled_locked(self) -> int:
+        oldest = self._buffer[0].seq if self._buffer else self._next_seq
+        for batch in self._batches.values():
+            oldest = min(oldest, batch.first_seq)
+        return oldest
+
+    # ------------------------------------------------------------------ the sender thread
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._buffer or len(self._batches) >= MAX_BATCHES_IN_FLIGHT:
+                    self._work.wait()
+                batch_id, items = self._take_locked()
+            try:
+                self._send(batch_id, items)
+            except BaseException as exc:  # the thread must survive anything: report it
+                self._settle(batch_id, [(i, exc) for i in range(len(items))])
+
+    def _take_locked(self) -> tuple[int, list[_Item]]:
+        items = [self._buffer.popleft()]
+        nbytes = len(items[0].payload)
+        while (
+            self._buffer
+            and len(items) < BATCH_MAX_ITEMS
+            and nbytes + len(self._buffer[0].payload) <= BATCH_MAX_BYTES
+            and self._buffer[0].who == items[0].who
+        ):
+            item = self._buffer.popleft()
+            items.append(item)
+            nbytes += len(item.payload)
+        batch_id = self._next_batch
+        self._next_batch += 1
+        self._batches[batch_id] = _Batch(items[0].seq, len(items), nbytes)
+        return batch_id, items
+
+    def _send(self, batch_id: int, items: list[_Item]) -> None:
+        payloads = [item.payload for item in items]
+        names = [item.name for item in items]
+        who = items[0].who
+        if not ray.is_initialized():  # never start a Ray instance from this thread
+            raise ConfigurationError("Ray was shut down with pipelined trajtrack dumps unsent")
+        try:
+            ref = _current_actor().dump_many.remote(payloads, names, who)
+        except ray.exceptions.RayActorError as exc:
+            logger.warning("the trajtrack tracker actor is unavailable (%s); looking it up", exc)
+            _forget()
+            ref = _current_actor().dump_many.remote(payloads, names, who)
+        ref.future().add_done_callback(lambda done: self._on_done(batch_id, len(items), done))
+
+    def _on_done(self, batch_id: int, count: int, done: concurrent.futures.Future[Any]) -> None:
+        # Runs on a Ray thread: no Ray calls here, only bookkeeping.
+        failures: list[tuple[int, BaseException]]
+        try:
+            failures = done.result()
+        except Exception as exc:  # the whole batch failed
+            if isinstance(exc, ray.exceptions.RayActorError):
+                _forget()
+            failures = [(i, exc) for i in range(count)]
+        self._settle(batch_id, failures)
+
+    def _settle(self, batch_id: int, failures: list[tuple[int, BaseException]]) -> None:
+        if failures:
+            logger.warning("%d pipelined trajtrack dumps failed: %s", len(failures), failures[0][1])
+        with self._lock:
+            batch = self._batches.pop(batch_id, None)
+            if batch is None:
+                return
+            self._items -= batch.items
+            self._bytes -= batch.nbytes
+            if failures:
+                self._errors += len(failures)
+                if self._error is None:
+                    self._error = failures[0][1]
+            self._settled.notify_all()
+            self._work.notify()
 
 
-_in_flight = _InFlight()
+_sender = _Sender()
 
 
 def own_dumps_in_flight() -> int:
-    """How many pipelined dumps of this process the actor has not acknowledged yet."""
-    return len(_in_flight)
+    """How many pipelined dumps of this process the actor has not acknowledged yet.
+
+    Counts both those still in this process's send buffer and those sent but not yet
+    acknowledged.
+    """
+    return _sender.in_flight()
 
 
 def wait_for_own_dumps(timeout: float | None = None) -> None:
-    """Wait until the actor has every pipelined dump this process submitted.
+    """Wait until the actor has every pipelined dump this process made before the call.
 
-    Afterwards a ``flush`` from any process covers them. Call it at the end of a task or
-    worker that used the pipelined mode.
+    Covers the dumps still in the send buffer and those sent but not acknowledged. Afterwards
+    a ``flush`` from any process covers them. Call it at the end of a task or worker that used
+    the pipelined mode.
 
     Raises:
         TimeoutError: Not all were acknowledged within *timeout* seconds (they stay tracked).
-        Exception: The first error the actor returned for one of them since the last call.
+        Exception: The first error the actor returned for a pipelined dump since the last
+            call (with a note counting the others), raised once.
     """
-    _in_flight.wait(timeout)
+    _sender.wait(timeout)
 
 
 def _drain_at_exit() -> None:
-    if not len(_in_flight) or not ray.is_initialized():
+    if not _sender.in_flight() or not ray.is_initialized():
         return
     try:
-        _in_flight.wait(_exit_timeout_from_env())
+        _sender.wait(_exit_timeout_from_env())
     except Exception as exc:
         logger.error("trajtrack: pipelined dumps not delivered before exit: %s", exc)
 
@@ -383,7 +536,7 @@ def flush(
         Exception: The first dump failure since the previous flush of the actor.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    _in_flight.wait(timeout)
+    _sender.wait(timeout)
     left = None if deadline is None else max(0.0, deadline - time.monotonic())
     actor = _current_actor(name, namespace)
     ray.get(actor.flush.remote(left))
@@ -401,7 +554,7 @@ def shutdown(
         Exception: The first dump failure since the previous flush.
     """
     actor_name, space = _actor_name(name), _namespace(namespace)
-    _in_flight.wait(timeout)
+    _sender.wait(timeout)
     try:
         actor = ray.get_actor(actor_name, namespace=space)
     except ValueError:
@@ -414,11 +567,11 @@ def shutdown(
 
 
 def _forget_after_fork() -> None:
-    global _cache_lock, _identity
+    global _cache_lock, _identity, _sender
     _cache.clear()
     _cache_lock = threading.Lock()
     _identity = None
-    _in_flight.forget()
+    _sender = _Sender()  # the sender thread is not inherited; nor are the parent's dumps
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
