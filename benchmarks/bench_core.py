@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import (  # noqa: E402
+from benchmarks._common import (
     PAYLOAD_BYTES,
     payload,
     percentiles,
@@ -44,8 +44,7 @@ from benchmarks._common import (  # noqa: E402
     table,
     write_results,
 )
-
-from trajtrack import SyncTracker, Tracker  # noqa: E402
+from trajtrack import SyncTracker, Tracker
 
 # --------------------------------------------------------------------------- latency
 
@@ -188,7 +187,9 @@ def bench_throughput(quick: bool, scratch: Path) -> dict[str, Any]:
             else:
                 times[kind] = throughput_raw_bytes(data, n, root)
             subprocess.run(["rm", "-rf", str(root)], check=True)
-        entry = {k: {"seconds": v, "dumps_per_s": n / v, "mb_per_s": mb / v} for k, v in times.items()}
+        entry = {
+            k: {"seconds": v, "dumps_per_s": n / v, "mb_per_s": mb / v} for k, v in times.items()
+        }
         results[size] = {"n": n, "bytes_per_dump": len(data), **entry}
         bound = times.get("raw", times["inline"])
         for kind, seconds in times.items():
@@ -245,7 +246,7 @@ async def lag_tracker(obj: Any, n: int, root: Path) -> list[float]:
 
 
 async def lag_naive(obj: Any, n: int, root: Path) -> list[float]:
-    root.mkdir(parents=True, exist_ok=True)
+    await anyio.to_thread.run_sync(lambda: root.mkdir(parents=True, exist_ok=True))
 
     def serialize() -> bytes:
         buffer = io.BytesIO()

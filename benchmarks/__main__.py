@@ -1,0 +1,152 @@
+"""Run every benchmark side by side in one run: ``python -m benchmarks [--quick]``.
+
+Scenarios (each module's docstring says exactly what it measures):
+
+1. caller-visible latency of one dump — ``bench_core`` (``await Tracker.dump``,
+   ``trajtrack.dump_data``, synchronous ``torch.save``) and ``bench_ray`` (``trajtrack.ray``
+   acknowledged and pipelined, verl's original ``dump_data`` loaded from the verl wheel);
+2. end-to-end throughput next to the raw bandwidth of the same bytes — ``bench_core`` (local
+   disk) and ``bench_webhdfs`` (the real HDFS test cluster, against a raw ``client.write``);
+3. event-loop lag while dumping 256 MB payloads, trajtrack against the naive design —
+   ``bench_core``;
+4. peak RSS against ``max_pending_bytes`` with a deliberately slow storage — ``bench_core``;
+5. scale with writers into one HDFS directory, per-process trackers against the single Ray
+   actor — ``bench_scale``;
+6. offline ``diff`` against the storage's read bandwidth — ``bench_diff``.
+
+Each runs in its own process, one after another on the same machine; their JSON results are
+merged into ``benchmarks/results/latest.json`` (``latest-quick.json`` with ``--quick``) and the
+targets of the project are checked against the figures of this run and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+SCENARIOS = ["core", "ray", "webhdfs", "scale", "diff"]
+
+
+def _run(name: str, quick: bool) -> dict[str, Any] | None:
+    script = ROOT / "benchmarks" / f"bench_{name}.py"
+    args = [sys.executable, str(script)] + (["--quick"] if quick else [])
+    print(f"\n==== {name}: {' '.join(args[1:])}", flush=True)
+    start = time.monotonic()
+    done = subprocess.run(args, cwd=ROOT, check=False)
+    print(f"==== {name}: exit {done.returncode} after {time.monotonic() - start:.0f} s", flush=True)
+    if done.returncode != 0:
+        return None
+    path = RESULTS / (f"{name}-quick.json" if quick else f"{name}.json")
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _get(data: dict[str, Any] | None, *keys: Any) -> Any:
+    for key in keys:
+        if data is None:
+            return None
+        try:
+            data = data[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each project target with the figure measured in this run."""
+    core, ray, hdfs = results.get("core"), results.get("ray"), results.get("webhdfs")
+    verl_p50 = _get(ray, "results", "verl original", "latency", "p50_us")
+    verl_rate = _get(ray, "results", "verl original", "dumps_per_s")
+    dump_p50 = _get(core, "latency", "4KB", "tracker", "p50_us")
+    shim_p50 = _get(core, "latency", "4KB", "shim", "p50_us")
+    small = _get(core, "throughput", "4KB")
+    large = _get(core, "throughput", "256MB")
+    hdfs_large = next((r for r in _get(hdfs, "rows") or [] if r["size_mb"] == 128), None)
+    lag = _get(core, "event_loop_lag", "tracker_summary", "max_ms")
+    memory = _get(core, "memory")
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None or b == 0 else a / b
+
+    rows = [
+        ("dump() p50 vs verl dump_data p50", ratio(verl_p50, dump_p50), 100, "x lower"),
+        ("dump_data (shim) p50 vs verl", ratio(verl_p50, shim_p50), 50, "x lower"),
+        (
+            "4 KB dumps/s to local disk vs verl",
+            ratio(_get(small, "tracker", "dumps_per_s"), verl_rate),
+            20,
+            "x",
+        ),
+        (
+            "4 KB dumps/s vs inline torch.save+rename",
+            ratio(_get(small, "tracker", "dumps_per_s"), _get(small, "inline", "dumps_per_s")),
+            0.8,
+            "",
+        ),
+        (
+            "256 MB MB/s vs raw local write",
+            ratio(_get(large, "tracker", "mb_per_s"), _get(large, "raw", "mb_per_s")),
+            0.8,
+            "",
+        ),
+        ("128 MB MB/s vs raw WebHDFS write", _get(hdfs_large, "ratio"), 0.8, ""),
+        ("event-loop max lag, 256 MB dumps (ms, worst)", _get(lag, "max"), 20, "ms <="),
+        (
+            "peak RSS vs baseline+budget+payload+100 MB",
+            ratio(_get(memory, "peak_mb"), _get(memory, "bound_mb")),
+            1.0,
+            "<=",
+        ),
+    ]
+    out = []
+    for label, value, goal, unit in rows:
+        if value is None:
+            met = None
+        elif unit in ("ms <=", "<="):
+            met = value <= goal
+        else:
+            met = value >= goal
+        out.append({"target": label, "goal": goal, "unit": unit, "measured": value, "met": met})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run every trajtrack benchmark side by side.")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run of everything")
+    parser.add_argument("--only", nargs="*", choices=SCENARIOS, help="a subset of scenarios")
+    args = parser.parse_args(argv)
+    chosen = args.only or SCENARIOS
+    results: dict[str, Any] = {}
+    failed = []
+    for name in chosen:
+        result = _run(name, args.quick)
+        if result is None:
+            failed.append(name)
+        else:
+            results[name] = result
+    checked = targets(results)
+    print("\n==== targets (this run)")
+    for row in checked:
+        value = row["measured"]
+        shown = "n/a" if value is None else f"{value:.2f}"
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[row["met"]]
+        print(
+            f"{row['target']:<48} goal {row['unit']} {row['goal']:<6} measured {shown:<10} {verdict}"
+        )
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / ("latest-quick.json" if args.quick else "latest.json")
+    out.write_text(
+        json.dumps({"scenarios": results, "targets": checked, "failed": failed}, indent=2) + "\n"
+    )
+    print(f"\nwrote {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
