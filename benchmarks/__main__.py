@@ -136,9 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         value = row["measured"]
         shown = "n/a" if value is None else f"{value:.2f}"
         verdict = {True: "met", False: "MISSED", None: "not measured"}[row["met"]]
-        print(
-            f"{row['target']:<48} goal {row['unit']} {row['goal']:<6} measured {shown:<10} {verdict}"
-        )
+        goal = f"{row['unit']} {row['goal']}"
+        print(f"{row['target']:<48} goal {goal:<10} measured {shown:<10} {verdict}")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / ("latest-quick.json" if args.quick else "latest.json")
     out.write_text(
