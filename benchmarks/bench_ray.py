@@ -9,6 +9,10 @@ Side by side in one run, on one local Ray instance, for a 4 KB tensor dict:
 * **trajtrack.ray acknowledged** — ``trajtrack.ray.dump_data(obj, name)`` (the default).
 * **trajtrack.ray pipelined** — ``dump_data(obj, name, wait=False)`` (64 in flight).
 * **trajtrack.dump_data** — the per-process sync shim (no Ray in the path), for scale.
+* **bare actor call** — the floor of any acknowledged dump: ``ray.get`` of a no-op method of an
+  async actor (same options as the tracker actor) given the already serialized 4 KB bytes, a
+  name and the writer tuple. Nothing is written.
+* **serialize only** — the caller's ``torch.save`` of the dict, the floor of the pipelined mode.
 
 Latency: each call timed alone, with a 2 ms pause between calls (a loop that does other work
 between dumps). Throughput: a tight loop of dumps, then the variant's flush; dumps/s over the
@@ -128,7 +132,7 @@ def run_variant(
     label: str,
     dump: Callable[[Any, str], Any],
     flush: Callable[[], Any],
-    dest: Path,
+    dest: Path | None,
     obj: Any,
     count: int,
     warmup: int,
@@ -139,10 +143,18 @@ def run_variant(
     lat = latency(dump, obj, "lat", count)
     flush()
     rate = throughput(dump, flush, obj, "tput", count)
-    check_files(dest, "lat", count)
-    check_files(dest, "tput", count)
+    if dest is not None:
+        check_files(dest, "lat", count)
+        check_files(dest, "tput", count)
     print(f"  {label}: p50 {percentiles(lat)['p50_us']:.0f} us, {rate:.0f} dumps/s", flush=True)
     return {"latency": percentiles(lat), "dumps_per_s": rate}
+
+
+class _Noop:
+    """The bare actor: the same shape of call as ``TrackerActor.dump``, doing nothing."""
+
+    async def dump(self, data: bytes, name: str, who: Any) -> None:
+        return None
 
 
 # --------------------------------------------------------------------------- main
@@ -219,6 +231,31 @@ def main() -> None:
             warmup,
         )
         shim.close(timeout=60)
+
+        from trajtrack.ray import _client
+
+        bare = ray.remote(_Noop).options(**_client._ACTOR_DEFAULTS).remote()
+        data, who = _client._serialize(obj), _client._who()
+        ray.get(bare.dump.remote(data, "warm", who))
+        results["bare actor call (no-op, 4 KB bytes)"] = run_variant(
+            "bare actor call (no-op, 4 KB bytes)",
+            lambda o, n: ray.get(bare.dump.remote(data, n, who)),
+            lambda: None,
+            None,
+            obj,
+            count,
+            warmup,
+        )
+        ray.kill(bare)
+        results["serialize only (torch.save in the caller)"] = run_variant(
+            "serialize only (torch.save in the caller)",
+            lambda o, n: _client._serialize(o),
+            lambda: None,
+            None,
+            obj,
+            count,
+            warmup,
+        )
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
