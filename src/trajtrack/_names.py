@@ -34,7 +34,6 @@ MAX_NAME_BYTES = 4096
 TEMPLATE_FIELDS = frozenset({"name", "rank", "local_rank", "world_size", "pid", "host"})
 
 
-@lru_cache(maxsize=4096)
 def validate_name(name: object) -> str:
     """Return *name* if it is a safe relative dump name, else raise :class:`InvalidNameError`.
 
@@ -42,8 +41,15 @@ def validate_name(name: object) -> str:
     segments, NUL and other control characters, segments starting with ``.`` (reserved for
     trajtrack's temporary files and records), segments over 255 bytes, names over 4096 bytes.
     """
+    # Checked before the cache: an unhashable name (a list) must not escape as a TypeError.
+    # A str subclass (numpy.str_) is validated and returned as the plain str it holds.
     if not isinstance(name, str):
         raise InvalidNameError(f"dump name must be a str, not {type(name).__name__}")
+    return _validate_str(str.__str__(name))
+
+
+@lru_cache(maxsize=4096)
+def _validate_str(name: str) -> str:
     if not name:
         raise InvalidNameError("dump name must not be empty")
     encoded = name.encode("utf-8", "surrogatepass")
