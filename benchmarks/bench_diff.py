@@ -1,0 +1,200 @@
+"""Benchmark: ``trajtrack diff`` of two runs against the raw read bandwidth of the same files.
+
+Two runs of N dumps of ~1 MB each (default 1,000; ``--quick``: 100) are written to local disk
+with a real Tracker, with identical content (the worst case for diff: every tensor is compared
+in full). Then, in one process, with a WARM page cache (every file is read once first; dropping
+the cache needs root and would measure the disk, not the reader):
+
+* raw threads: plain ``open().read()`` of all 2N files with a thread pool (the ceiling);
+* raw storage: ``Storage.read`` of all 2N files through the local backend, in parallel;
+* diff, identical runs: ``trajtrack.diff_runs`` with the same concurrency (byte-equal pairs:
+  A is still loaded safely, B's comparison is skipped);
+* diff, every dump differs in one element: both sides loaded and compared in full;
+  a counting storage wrapper checks that each file is read exactly once.
+
+Prints a table and writes ``benchmarks/results/diff.json``. The goal: diff >= 50% of the raw
+storage read bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+
+import trajtrack
+from trajtrack._reader import gather_bounded
+from trajtrack.backends.local import LocalStorage
+
+RESULTS = Path(__file__).parent / "results" / "diff.json"
+
+
+class CountingStorage:
+    """Wraps a storage and counts reads per path."""
+
+    def __init__(self, inner: LocalStorage) -> None:
+        self.inner = inner
+        self.reads: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def read(self, path: str) -> bytes:
+        self.reads[path] += 1
+        return await self.inner.read(path)
+
+
+async def write_run(dest: Path, dumps: int, size: int, perturb: bool = False) -> None:
+    elements = size // 4
+    async with trajtrack.Tracker(str(dest), workers=4) as tracker:
+        for i in range(dumps):
+            gen = torch.Generator().manual_seed(i)
+            x = torch.randn(elements, generator=gen)
+            if perturb:  # one element per dump: every pair is loaded and compared in full
+                x[i % elements] += 1.0
+            await tracker.dump({"x": x}, f"step{i // 10}/d{i}")
+
+
+def files_of(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*.pth") if not any(s.startswith(".") for s in p.parts[-2:])]
+
+
+def read_file(path: Path) -> int:
+    with open(path, "rb") as handle:
+        return len(handle.read())
+
+
+def raw_threads(paths: list[Path], concurrency: int) -> tuple[float, int]:
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        total = sum(pool.map(read_file, paths))
+    return time.perf_counter() - started, total
+
+
+async def raw_storage(roots: list[Path], concurrency: int) -> tuple[float, int]:
+    items: list[tuple[LocalStorage, str]] = []
+    for root in roots:
+        storage = LocalStorage(str(root))
+        items += [(storage, p.relative_to(root).as_posix()) for p in files_of(root)]
+
+    async def one(item: tuple[LocalStorage, str]) -> int:
+        return len(await item[0].read(item[1]))
+
+    started = time.perf_counter()
+    sizes = await gather_bounded(items, one, limit=concurrency)
+    return time.perf_counter() - started, sum(sizes)
+
+
+async def run_diff(a: Path, b: Path, concurrency: int) -> tuple[float, Any, Counter[str]]:
+    sa, sb = CountingStorage(LocalStorage(str(a))), CountingStorage(LocalStorage(str(b)))
+    run_a = trajtrack.Run(str(a), storage=sa, concurrency=concurrency)  # type: ignore[arg-type]
+    run_b = trajtrack.Run(str(b), storage=sb, concurrency=concurrency)  # type: ignore[arg-type]
+    started = time.perf_counter()
+    result = await trajtrack.diff_runs(run_a, run_b)
+    elapsed = time.perf_counter() - started
+    reads = Counter({f"a/{k}": v for k, v in sa.reads.items() if k.endswith(".pth")})
+    reads.update({f"b/{k}": v for k, v in sb.reads.items() if k.endswith(".pth")})
+    return elapsed, result, reads
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100 dumps instead of 1,000")
+    parser.add_argument("--dumps", type=int, default=None)
+    parser.add_argument("--size-mb", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=3, help="best of N for each measurement")
+    parser.add_argument("--dir", default=None, help="where to write the runs (default: tmp)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # as the trajtrack CLI does: parallel across files, not inside ops
+    dumps = args.dumps or (100 if args.quick else 1000)
+    size = int(args.size_mb * (1 << 20))
+    work = Path(tempfile.mkdtemp(prefix="bench-diff-", dir=args.dir))
+    try:
+        a, b, c = work / "a", work / "b", work / "c"
+        for dest in (a, b):
+            anyio.run(write_run, dest, dumps, size)
+        anyio.run(write_run, c, dumps, size, True)
+        paths = files_of(a) + files_of(b)
+        raw_threads(paths, args.concurrency)  # warm the page cache
+        t_raw = min(raw_threads(paths, args.concurrency)[0] for _ in range(args.repeat))
+        total = sum(p.stat().st_size for p in paths)
+        t_storage = min(
+            anyio.run(raw_storage, [a, b], args.concurrency)[0] for _ in range(args.repeat)
+        )
+        diffs = [anyio.run(run_diff, a, b, args.concurrency) for _ in range(args.repeat)]
+        t_diff, result, reads = min(diffs, key=lambda d: d[0])
+        raw_threads(files_of(c), args.concurrency)  # warm
+        diffs_c = [anyio.run(run_diff, a, c, args.concurrency) for _ in range(args.repeat)]
+        t_diff_c, result_c, reads_c = min(diffs_c, key=lambda d: d[0])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    mb = total / 1e6
+    rows = {
+        "raw threads (open/read)": t_raw,
+        "raw storage (LocalStorage.read)": t_storage,
+        "diff, identical runs (byte-equal pairs)": t_diff,
+        "diff, every dump differs (full compare)": t_diff_c,
+    }
+    report = {
+        "dumps_per_run": dumps,
+        "dump_bytes": size,
+        "files": len(paths),
+        "total_bytes": total,
+        "concurrency": args.concurrency,
+        "page_cache": "warm (every file read once before measuring)",
+        "repeat": args.repeat,
+        "seconds": rows,
+        "mb_per_s": {k: mb / v for k, v in rows.items()},
+        "diff_vs_raw_storage": t_storage / t_diff,
+        "diff_vs_raw_threads": t_raw / t_diff,
+        "diff_full_compare_vs_raw_storage": t_storage / t_diff_c,
+        "diff_full_compare_vs_raw_threads": t_raw / t_diff_c,
+        "diff_full_compare_different_dumps": result_c.counts()["different"],
+        "diff_full_compare_each_file_read_once": set(reads_c.values()) == {1}
+        and len(reads_c) == len(paths),
+        "diff_equal": result.equal,
+        "diff_files_read": sum(reads.values()),
+        "diff_each_file_read_once": len(reads) == len(paths) and set(reads.values()) == {1},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
+    }
+    print(
+        f"diff benchmark: 2 runs x {dumps} dumps x {size / 1e6:.2f} MB = {mb:.0f} MB, "
+        f"concurrency {args.concurrency}, warm page cache, best of {args.repeat}"
+    )
+    print(f"{'measurement':<38} {'seconds':>9} {'MB/s':>9} {'vs raw storage':>15}")
+    for name, seconds in rows.items():
+        print(f"{name:<38} {seconds:9.3f} {mb / seconds:9.0f} {t_storage / seconds:14.0%}")
+    print(
+        f"diff read each file once: {report['diff_each_file_read_once']} "
+        f"({report['diff_files_read']} reads of {len(paths)} files); equal: {result.equal}"
+    )
+    print(
+        f"full-compare diff: {result_c.counts()['different']} different dumps, each file read "
+        f"once: {report['diff_full_compare_each_file_read_once']}"
+    )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
