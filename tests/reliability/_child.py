@@ -250,7 +250,9 @@ async def ranks(dest: str, template: str, on_exists: str, tasks: int, per_task: 
     exists: list[str] = []
     other: list[str] = []
     async with trajtrack.Tracker(
-        dest, name_template=template, on_exists=on_exists  # type: ignore[arg-type]
+        dest,
+        name_template=template,
+        on_exists=on_exists,  # type: ignore[arg-type]
     ) as tracker:
 
         async def task(t: int) -> None:

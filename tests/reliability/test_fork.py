@@ -23,6 +23,7 @@ from ._proc import child_env, final_files, records, run_child
 PARENT = 300
 CHILD = 40
 
+
 @pytest.mark.parametrize("method", ["os", "multiprocessing"])
 def test_fork_with_a_busy_global_tracker(tmp_path: Path, method: str) -> None:
     dest = tmp_path / "run"
