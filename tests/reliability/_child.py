@@ -8,6 +8,7 @@ as one JSON line starting with ``RESULT``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -17,9 +18,10 @@ import time
 from typing import Any
 
 import anyio
+import anyio.lowlevel
+from _payloads import KIB, payload_for
 
 import trajtrack
-from _payloads import KIB, MIB, payload_for
 from trajtrack.backends import register_backend
 from trajtrack.backends.local import LocalStorage
 from trajtrack.backends.memory import MemoryStorage
@@ -119,7 +121,7 @@ async def crash(dest: str, prefix: str, tasks: int, high: int) -> None:
             for i in range(1_000_000):
                 name = f"{prefix}/t{task}/d{i}"
                 handle = await tracker.dump(payload_for(name, KIB, high), name)
-                await anyio.sleep(0)  # a rollouter awaits other work between dumps
+                await anyio.lowlevel.checkpoint()  # a rollouter awaits other work between dumps
                 if not first.is_set():
                     await handle
                     first.set()
@@ -271,10 +273,8 @@ async def ranks(dest: str, template: str, on_exists: str, tasks: int, per_task: 
         async with anyio.create_task_group() as group:
             for t in range(tasks):
                 group.start_soon(task, t)
-        try:
+        with contextlib.suppress(trajtrack.DumpExistsError):  # counted per handle above
             await tracker.flush(timeout=60)
-        except trajtrack.DumpExistsError:
-            pass  # already counted per handle above
     result = {"rank": rank, "committed": committed, "exists": exists, "other": other}
     say(f"RESULT {json.dumps(result)}")
 

@@ -2,8 +2,9 @@
 
 A zygote process (torch imported once) forks one writer per trial; the writer streams dumps of
 mixed sizes (1 KB to 2 MB) from 6 tasks through 4 upload workers to the local backend throttled
-to a slow disk's pace (20 ms per 256 KB, 10 ms per flush, so that most kills land while files are being written),
-and the test kills it with SIGKILL at a random moment after its first commit. After every kill:
+to a slow disk's pace (20 ms per 256 KB, 10 ms per flush, so that many kills land while files
+are being written), and the test kills it with SIGKILL at a random moment after its first
+commit. After every kill:
 
 * every file under a final name loads (``weights_only=True``) and equals its source, which the
   test recomputes from the name;
@@ -102,11 +103,12 @@ def test_sigkill_at_random_moments_local(tmp_path: Path, request: pytest.Fixture
 async def test_next_tracker_sweeps_dead_writers_temp_files_never_live_ones(
     tmp_path: Path,
 ) -> None:
+    # the helper processes are started before the event loop matters (blocking on purpose)
     dest = tmp_path / "run"
     dest.mkdir()
     host = WriterIdentity.current().host
     dead_pid = _dead_pid()
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # noqa: ASYNC220
     try:
         planted = {}
         for label, pid in (("dead", dead_pid), ("live", live.pid)):

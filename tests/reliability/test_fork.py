@@ -10,10 +10,9 @@ and the parent's dumps must be written exactly once, by the parent.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
-
-import json
 
 import pytest
 
