@@ -15,8 +15,9 @@ Side by side in one run, on one local Ray instance, for a 4 KB tensor dict:
 * **serialize only** — the caller's ``torch.save`` of the dict, the floor of the pipelined mode.
 
 Latency: each call timed alone, with a 2 ms pause between calls (a loop that does other work
-between dumps). Throughput: a tight loop of dumps, then the variant's flush; dumps/s over the
-whole. Every file is checked to exist after the flush.
+between dumps), the variants interleaved call by call so that all of them see the same machine
+load. Throughput: per variant, a tight loop of dumps, then the variant's flush; dumps/s over
+the whole. Every file is checked to exist after the flush.
 
 Run: ``python benchmarks/bench_ray.py [--quick]``. Prints a table with ratios against the
 original, writes ``benchmarks/results/ray.json`` (``ray-quick.json`` with ``--quick``).
@@ -35,6 +36,7 @@ import time
 import types
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,52 +104,50 @@ def load_original() -> types.ModuleType:
 # --------------------------------------------------------------------------- measuring
 
 
-def latency(dump: Callable[[Any, str], Any], obj: Any, prefix: str, count: int) -> list[float]:
-    samples = []
+@dataclass
+class Variant:
+    """One way of dumping: its call, its flush, and where its files land (None: no files)."""
+
+    label: str
+    dump: Callable[[Any, str], Any]
+    flush: Callable[[], Any]
+    dest: Path | None
+    prefix: str
+
+
+def interleaved_latency(variants: list[Variant], obj: Any, count: int) -> dict[str, list[float]]:
+    """Time each call alone, round-robin over the variants, with a pause between calls.
+
+    Interleaving makes every variant see the same machine load (this benchmark runs on shared
+    machines where load moves by 2x within a minute); the order rotates every round.
+    """
+    samples: dict[str, list[float]] = {v.label: [] for v in variants}
     for i in range(count):
-        start = time.perf_counter()
-        dump(obj, f"{prefix}_{i}")
-        samples.append(time.perf_counter() - start)
-        time.sleep(PAUSE)
+        shift = i % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            name = f"{variant.prefix}lat_{i}"
+            start = time.perf_counter()
+            variant.dump(obj, name)
+            samples[variant.label].append(time.perf_counter() - start)
+            time.sleep(PAUSE)
     return samples
 
 
-def throughput(
-    dump: Callable[[Any, str], Any], flush: Callable[[], Any], obj: Any, prefix: str, count: int
-) -> float:
+def throughput(variant: Variant, obj: Any, count: int) -> float:
     start = time.perf_counter()
     for i in range(count):
-        dump(obj, f"{prefix}_{i}")
-    flush()
+        variant.dump(obj, f"{variant.prefix}tput_{i}")
+    variant.flush()
     return count / (time.perf_counter() - start)
 
 
-def check_files(dest: Path, prefix: str, count: int) -> None:
-    missing = [i for i in range(count) if not (dest / f"{prefix}_{i}.pth").exists()]
+def check_files(variant: Variant, kind: str, count: int) -> None:
+    if variant.dest is None:
+        return
+    names = [f"{variant.prefix}{kind}_{i}.pth" for i in range(count)]
+    missing = [n for n in names if not (variant.dest / n).exists()]
     if missing:
-        raise SystemExit(f"{dest}: {len(missing)} of {count} {prefix} dumps missing after flush")
-
-
-def run_variant(
-    label: str,
-    dump: Callable[[Any, str], Any],
-    flush: Callable[[], Any],
-    dest: Path | None,
-    obj: Any,
-    count: int,
-    warmup: int,
-) -> dict[str, Any]:
-    for i in range(warmup):
-        dump(obj, f"warm_{i}")
-    flush()
-    lat = latency(dump, obj, "lat", count)
-    flush()
-    rate = throughput(dump, flush, obj, "tput", count)
-    if dest is not None:
-        check_files(dest, "lat", count)
-        check_files(dest, "tput", count)
-    print(f"  {label}: p50 {percentiles(lat)['p50_us']:.0f} us, {rate:.0f} dumps/s", flush=True)
-    return {"latency": percentiles(lat), "dumps_per_s": rate}
+        raise SystemExit(f"{variant.label}: {len(missing)} of {count} dumps missing after flush")
 
 
 class _Noop:
@@ -186,76 +186,86 @@ def main() -> None:
     results: dict[str, Any] = {}
     try:
         print(f"4 KB tensor dict, {count} dumps per measurement, Ray {ray.__version__}")
-
-        dest = work / "verl"  # must not exist: the original's makedirs has exist_ok=False
-        os.environ["VERL_TRACKER_HDFS_DIR"] = str(dest)
-        verl_tracker = original.get_trajectory_tracker()
-        results["verl original"] = run_variant(
-            "verl original",
-            original.dump_data,
-            lambda: ray.get(verl_tracker.wait_for_hdfs.remote()),
-            dest,
-            obj,
-            count,
-            warmup,
-        )
-
-        for label, wait in (
-            ("trajtrack.ray acknowledged", True),
-            ("trajtrack.ray pipelined", False),
-        ):
-            dest = work / label.split()[-1]
-            os.environ["TRAJTRACK_DIR"] = str(dest)
-            os.environ["TRAJTRACK_RAY_ACTOR"] = f"bench-{label.split()[-1]}"
-            results[label] = run_variant(
-                label,
-                lambda o, n, wait=wait: tr.dump_data(o, n, wait=wait),
-                lambda: tr.flush(),
-                dest,
-                obj,
-                count,
-                warmup,
-            )
-            tr.shutdown(timeout=60)
-
-        dest = work / "shim"
-        os.environ["TRAJTRACK_DIR"] = str(dest)
-        shim = trajtrack.get_tracker()
-        results["trajtrack.dump_data (per process)"] = run_variant(
-            "trajtrack.dump_data (per process)",
-            trajtrack.dump_data,
-            lambda: shim.flush(),
-            dest,
-            obj,
-            count,
-            warmup,
-        )
-        shim.close(timeout=60)
-
         from trajtrack.ray import _client
+
+        verl_dest = work / "verl"  # must not exist: the original's makedirs has exist_ok=False
+        os.environ["VERL_TRACKER_HDFS_DIR"] = str(verl_dest)
+        verl_tracker = original.get_trajectory_tracker()
+
+        ray_dest = work / "trajtrack-ray"  # one actor for both modes, as in real use
+        os.environ["TRAJTRACK_DIR"] = str(ray_dest)
+        os.environ["TRAJTRACK_RAY_ACTOR"] = "bench-trajtrack"
+        ray.get(tr.get_trajectory_tracker().ready.remote())
+
+        shim_dest = work / "shim"
+        os.environ["TRAJTRACK_DIR"] = str(shim_dest)
+        shim = trajtrack.get_tracker()
+        os.environ["TRAJTRACK_DIR"] = str(ray_dest)
 
         bare = ray.remote(_Noop).options(**_client._ACTOR_DEFAULTS).remote()
         data, who = _client._serialize(obj), _client._who()
         ray.get(bare.dump.remote(data, "warm", who))
-        results["bare actor call (no-op, 4 KB bytes)"] = run_variant(
-            "bare actor call (no-op, 4 KB bytes)",
-            lambda o, n: ray.get(bare.dump.remote(data, n, who)),
-            lambda: None,
-            None,
-            obj,
-            count,
-            warmup,
-        )
+
+        variants = [
+            Variant(
+                "verl original",
+                original.dump_data,
+                lambda: ray.get(verl_tracker.wait_for_hdfs.remote()),
+                verl_dest,
+                "",
+            ),
+            Variant(
+                "trajtrack.ray acknowledged",
+                lambda o, n: tr.dump_data(o, n, wait=True),
+                tr.flush,
+                ray_dest,
+                "ack_",
+            ),
+            Variant(
+                "trajtrack.ray pipelined",
+                lambda o, n: tr.dump_data(o, n, wait=False),
+                tr.flush,
+                ray_dest,
+                "pipe_",
+            ),
+            Variant(
+                "trajtrack.dump_data (per process)", trajtrack.dump_data, shim.flush, shim_dest, ""
+            ),
+            Variant(
+                "bare actor call (no-op, 4 KB bytes)",
+                lambda o, n: ray.get(bare.dump.remote(data, n, who)),
+                lambda: None,
+                None,
+                "",
+            ),
+            Variant(
+                "serialize only (torch.save in the caller)",
+                lambda o, n: _client._serialize(o),
+                lambda: None,
+                None,
+                "",
+            ),
+        ]
+        for variant in variants:
+            for i in range(warmup):
+                variant.dump(obj, f"{variant.prefix}warm_{i}")
+            variant.flush()
+        lat = interleaved_latency(variants, obj, count)
+        for variant in variants:
+            variant.flush()
+            check_files(variant, "lat", count)
+        for variant in variants:
+            rate = throughput(variant, obj, count)
+            check_files(variant, "tput", count)
+            p50 = percentiles(lat[variant.label])["p50_us"]
+            print(f"  {variant.label}: p50 {p50:.0f} us, {rate:.0f} dumps/s", flush=True)
+            results[variant.label] = {
+                "latency": percentiles(lat[variant.label]),
+                "dumps_per_s": rate,
+            }
+        shim.close(timeout=60)
+        tr.shutdown(timeout=60)
         ray.kill(bare)
-        results["serialize only (torch.save in the caller)"] = run_variant(
-            "serialize only (torch.save in the caller)",
-            lambda o, n: _client._serialize(o),
-            lambda: None,
-            None,
-            obj,
-            count,
-            warmup,
-        )
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)

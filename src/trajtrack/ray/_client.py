@@ -35,7 +35,13 @@ import ray.exceptions
 from trajtrack._exceptions import ConfigurationError, SerializationError
 from trajtrack._names import WriterIdentity, validate_name
 from trajtrack._shim import _destination_from_env, _exit_timeout_from_env, is_enabled
-from trajtrack._snapshot import torch_save
+from trajtrack._snapshot import (
+    NotPlainError,
+    ObjectPayload,
+    measure_plain,
+    snapshot_plain,
+    torch_save,
+)
 from trajtrack._tracker import add_note
 from trajtrack.backends import scheme_of
 from trajtrack.ray._actor import TrackerActor, Who
@@ -70,6 +76,9 @@ BATCH_MAX_BYTES = 16 << 20
 """At most this many payload bytes in one call (a larger single dump goes alone)."""
 MAX_BATCHES_IN_FLIGHT = 2
 """Batches sent and not yet acknowledged, per process; the buffer fills meanwhile."""
+PLAIN_COPY_MAX_BYTES = 8 << 20
+"""Pipelined plain data up to this size is copied by the caller and serialized by the sender
+thread; larger objects are serialized by the caller (no second in-memory copy)."""
 
 # Dumps blocked on the actor's full queue hold a concurrency slot each; flush/statistics calls
 # need free ones, so the limit is far above any sane number of concurrent writers.
@@ -215,6 +224,14 @@ def _who() -> Who:
 # --------------------------------------------------------------------------- dumping
 
 
+def _serialized(payload: bytes | ObjectPayload) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    buffer = io.BytesIO()
+    payload.write_to(buffer)
+    return buffer.getvalue()
+
+
 def _serialize(obj: Any) -> bytes:
     """The snapshot, taken in the caller's process with the core's serializer."""
     buffer = io.BytesIO()
@@ -288,7 +305,26 @@ def dump_data(data: Any, name: str, *, wait: bool | None = None) -> None:
     max_items, max_bytes, full_timeout = _limits()
     if (_actor_name(None), _namespace(None)) not in _cache:
         _current_actor()  # look up / create in the caller: a bad setup raises here
-    _sender.put(_serialize(data), name, _who(), max_items, max_bytes, full_timeout)
+    snapshot, nbytes = _snapshot(data)
+    _sender.put(snapshot, nbytes, name, _who(), max_items, max_bytes, full_timeout)
+
+
+def _snapshot(data: Any) -> tuple[bytes | ObjectPayload, int]:
+    """Pipelined: copy plain data (cheap; serialized later by the sender), else serialize.
+
+    Plain data (nested dicts/lists/tuples of tensors, arrays and scalars) is copied as the core
+    tracker does, so mutating it after ``dump_data`` returns changes nothing; anything else is
+    serialized right here.
+    """
+    try:
+        nbytes = measure_plain(data)
+    except NotPlainError:
+        payload = _serialize(data)
+        return payload, len(payload)
+    if nbytes > PLAIN_COPY_MAX_BYTES:
+        payload = _serialize(data)
+        return payload, len(payload)
+    return snapshot_plain(data), nbytes
 
 
 def _call_with_retry(call: Any) -> Any:
@@ -307,7 +343,8 @@ def _call_with_retry(call: Any) -> Any:
 @dataclass
 class _Item:
     seq: int
-    payload: bytes
+    payload: bytes | ObjectPayload  # a plain-data copy is serialized by the sender thread
+    nbytes: int
     name: str
     who: Who
 
@@ -354,9 +391,15 @@ class _Sender:
         return self._items
 
     def put(
-        self, payload: bytes, name: str, who: Who, max_items: int, max_bytes: int, timeout: float
+        self,
+        payload: bytes | ObjectPayload,
+        nbytes: int,
+        name: str,
+        who: Who,
+        max_items: int,
+        max_bytes: int,
+        timeout: float,
     ) -> None:
-        nbytes = len(payload)
         with self._lock:
             if self._items and not self._fits(nbytes, max_items, max_bytes):
                 deadline = time.monotonic() + timeout
@@ -370,7 +413,7 @@ class _Sender:
                             f"{FULL_TIMEOUT_VAR} to wait longer); {name!r} was not sent"
                         )
                     self._settled.wait(left)
-            self._buffer.append(_Item(self._next_seq, payload, name, who))
+            self._buffer.append(_Item(self._next_seq, payload, nbytes, name, who))
             self._next_seq += 1
             self._items += 1
             self._bytes += nbytes
@@ -428,24 +471,36 @@ class _Sender:
 
     def _take_locked(self) -> tuple[int, list[_Item]]:
         items = [self._buffer.popleft()]
-        nbytes = len(items[0].payload)
+        nbytes = items[0].nbytes
         while (
             self._buffer
             and len(items) < BATCH_MAX_ITEMS
-            and nbytes + len(self._buffer[0].payload) <= BATCH_MAX_BYTES
+            and nbytes + self._buffer[0].nbytes <= BATCH_MAX_BYTES
             and self._buffer[0].who == items[0].who
         ):
             item = self._buffer.popleft()
             items.append(item)
-            nbytes += len(item.payload)
+            nbytes += item.nbytes
         batch_id = self._next_batch
         self._next_batch += 1
         self._batches[batch_id] = _Batch(items[0].seq, len(items), nbytes)
         return batch_id, items
 
     def _send(self, batch_id: int, items: list[_Item]) -> None:
-        payloads = [item.payload for item in items]
-        names = [item.name for item in items]
+        payloads: list[bytes] = []
+        names: list[str] = []
+        failures: list[tuple[int, BaseException]] = []
+        for index, item in enumerate(items):
+            try:
+                payloads.append(_serialized(item.payload))
+            except Exception as exc:
+                failures.append((index, exc))
+            else:
+                names.append(item.name)
+            item.payload = b""  # the batch holds the bytes now; drop the copy early
+        if not payloads:
+            self._settle(batch_id, failures)
+            return
         who = items[0].who
         if not ray.is_initialized():  # never start a Ray instance from this thread
             raise ConfigurationError("Ray was shut down with pipelined trajtrack dumps unsent")
@@ -455,17 +510,24 @@ class _Sender:
             logger.warning("the trajtrack tracker actor is unavailable (%s); looking it up", exc)
             _forget()
             ref = _current_actor().dump_many.remote(payloads, names, who)
-        ref.future().add_done_callback(lambda done: self._on_done(batch_id, len(items), done))
+        ref.future().add_done_callback(
+            lambda done: self._on_done(batch_id, len(payloads), failures, done)
+        )
 
-    def _on_done(self, batch_id: int, count: int, done: concurrent.futures.Future[Any]) -> None:
+    def _on_done(
+        self,
+        batch_id: int,
+        count: int,
+        failures: list[tuple[int, BaseException]],
+        done: concurrent.futures.Future[Any],
+    ) -> None:
         # Runs on a Ray thread: no Ray calls here, only bookkeeping.
-        failures: list[tuple[int, BaseException]]
         try:
-            failures = done.result()
+            failures = failures + list(done.result())
         except Exception as exc:  # the whole batch failed
             if isinstance(exc, ray.exceptions.RayActorError):
                 _forget()
-            failures = [(i, exc) for i in range(count)]
+            failures = failures + [(i, exc) for i in range(count)]
         self._settle(batch_id, failures)
 
     def _settle(self, batch_id: int, failures: list[tuple[int, BaseException]]) -> None:
