@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-RESULTS = Path(__file__).parent / "results"
+# TRAJTRACK_BENCH_RESULTS redirects the result files (the smoke test writes into its tmp dir).
+RESULTS = Path(os.environ.get("TRAJTRACK_BENCH_RESULTS") or Path(__file__).parent / "results")
 
 PAYLOAD_BYTES = {"4KB": 4 << 10, "1MB": 1 << 20, "16MB": 16 << 20, "256MB": 256 << 20}
 

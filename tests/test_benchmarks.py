@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,10 +29,11 @@ def test_core_benchmark_quick_smoke_run(tmp_path: Path) -> None:
         text=True,
         timeout=600,
         check=False,
+        env={**os.environ, "TRAJTRACK_BENCH_RESULTS": str(tmp_path / "results")},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "await Tracker.dump" in done.stdout
-    result = json.loads((ROOT / "benchmarks" / "results" / "core-quick.json").read_text())
+    result = json.loads((tmp_path / "results" / "core-quick.json").read_text())
     for size in ("4KB", "1MB", "16MB", "256MB"):
         assert set(result["latency"][size]) == {"tracker", "shim", "torch_save"}
         assert result["latency"][size]["tracker"]["n"] >= 1
