@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from trajtrack._exceptions import ConfigurationError, TrackerClosedError
+from trajtrack._exceptions import ConfigurationError, TrackerClosedError, TrackerStateError
 from trajtrack._handle import DumpHandle
 from trajtrack._progress import Progress
 from trajtrack._stats import TrackerStatistics
@@ -143,6 +143,7 @@ class SyncTracker:
         self._check_owner()
         if self._closed:
             raise TrackerClosedError("cannot flush: the tracker is closed")
+        self._check_not_own_thread("flush")
         assert self._portal is not None
         self._portal.call(self._tracker.flush, timeout)
 
@@ -158,6 +159,7 @@ class SyncTracker:
             progress: Show a progress bar on stderr while waiting (default: when stderr is a
                 terminal and the wait lasts over a second).
         """
+        self._check_not_own_thread("close")
         with self._close_lock:
             if self._closed or os.getpid() != self._pid:
                 return
@@ -202,6 +204,15 @@ class SyncTracker:
     def _stop_portal(self, join_timeout: float = 10) -> None:
         self._stop.set()
         self._thread.join(timeout=join_timeout)
+
+    def _check_not_own_thread(self, what: str) -> None:
+        # Dump callbacks run on the tracker's own thread: waiting there for the tracker would
+        # wait for itself.
+        if threading.get_ident() == self._thread.ident:
+            raise TrackerStateError(
+                f"{what}() cannot be called from the tracker's own thread (e.g. inside a dump "
+                "callback); call it from your code's thread"
+            )
 
     def _check_owner(self) -> None:
         if os.getpid() != self._pid:

@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from trajtrack._exceptions import (
@@ -184,6 +185,7 @@ class Tracker:
         self._stop_ticker: asyncio.Event | None = None
         self._close_done: asyncio.Event | None = None
         self._snapshot_limiter = anyio.CapacityLimiter(max(2, workers))
+        self._last_checkpoint = 0.0
 
     # ------------------------------------------------------------------ properties
 
@@ -363,7 +365,15 @@ class Tracker:
         deadline = None if timeout is None else time.monotonic() + timeout
         assert self._queue is not None
         await self._queue.put(job, _policy(policy) if policy else self._policy, deadline)
-        return self._admitted(job)
+        handle = self._admitted(job)
+        # A producer that awaits nothing but dump() would starve the upload workers (their
+        # thread results come back through this loop), so yield now and then: at most every
+        # millisecond of dumping, which keeps the per-dump cost of the checkpoint negligible.
+        now = time.monotonic()
+        if now - self._last_checkpoint >= 0.001:
+            self._last_checkpoint = now
+            await anyio.lowlevel.checkpoint()
+        return handle
 
     def dump_nowait(self, obj: Any, name: str) -> DumpHandle:
         """Like :meth:`dump` but never waits: a full queue drops or raises, never blocks.
