@@ -33,7 +33,7 @@ import torch
 
 from trajtrack._exceptions import DumpLoadError, TrajtrackError, UnsafeLoadError
 from trajtrack._reader import DumpInfo, Run, gather_bounded
-from trajtrack._safe_load import load_dump_bytes
+from trajtrack._safe_load import check_loadable, load_dump_bytes
 
 __all__ = [
     "Difference",
@@ -564,10 +564,12 @@ async def _read_pair(run_a: Run, run_b: Run, a: DumpInfo, b: DumpInfo) -> tuple[
 def _load_and_compare(
     data_a: bytes, data_b: bytes, name: str, tol: Tolerance, unsafe: bool, limit: int
 ) -> list[Difference]:
-    obj_a = load_dump_bytes(data_a, unsafe=unsafe, where=f"A:{name}")
     if tol.equal_nan and data_a == data_b:
-        # Same bytes, same object (A was still loaded: a refused dump is refused here too).
+        # Same bytes, same object: nothing to compare, but a dump the loader would refuse is
+        # refused here too (a static scan of its pickle; the tensors are not loaded).
+        check_loadable(data_a, unsafe=unsafe, where=f"A:{name}")
         return []
+    obj_a = load_dump_bytes(data_a, unsafe=unsafe, where=f"A:{name}")
     obj_b = load_dump_bytes(data_b, unsafe=unsafe, where=f"B:{name}")
     found: list[Difference] = compare(obj_a, obj_b, tol, limit=limit)
     return found

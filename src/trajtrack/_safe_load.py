@@ -23,7 +23,7 @@ import torch
 
 from trajtrack._exceptions import DumpLoadError, UnsafeLoadError
 
-__all__ = ["allowed_globals", "load_dump_bytes"]
+__all__ = ["allowed_globals", "check_loadable", "load_dump_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +72,40 @@ def load_dump_bytes(data: bytes, *, unsafe: bool = False, where: str = "dump") -
     except pickle.UnpicklingError as exc:
         offending = _offending_globals(data, str(exc))
         if offending:
-            raise UnsafeLoadError(
-                f"{where}: refusing to load: it references {', '.join(offending)}, which is not "
-                "on trajtrack's allow-list (a pickle can run arbitrary code); load it with "
-                "unsafe=True / --unsafe only if you trust its source"
-            ) from exc
+            raise UnsafeLoadError(_refusal(where, offending)) from exc
         raise DumpLoadError(f"{where}: cannot be loaded: {_first_line(exc)}") from exc
+
+
+def check_loadable(data: bytes, *, unsafe: bool = False, where: str = "dump") -> None:
+    """Refuse what :func:`load_dump_bytes` would refuse, without loading the tensors.
+
+    For a ``torch.save`` zip, the pickle's globals are scanned statically (nothing is run)
+    against PyTorch's weights-only set and trajtrack's allow-list; other formats are loaded.
+    ``diff`` uses it for byte-identical pairs, which need no comparison.
+
+    Raises:
+        UnsafeLoadError: As :func:`load_dump_bytes`.
+        DumpLoadError: Not a zip checkpoint, and not loadable either.
+    """
+    if unsafe:
+        return
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
+    except Exception:  # not a zip checkpoint: let the real loader decide
+        load_dump_bytes(data, unsafe=False, where=where)
+        return
+    allowed = {f"{g.__module__}.{getattr(g, '__qualname__', '')}" for g in allowed_globals()}
+    offending = [name for name in found if name not in allowed]
+    if offending:
+        raise UnsafeLoadError(_refusal(where, offending))
+
+
+def _refusal(where: str, offending: list[str]) -> str:
+    return (
+        f"{where}: refusing to load: it references {', '.join(offending)}, which is not "
+        "on trajtrack's allow-list (a pickle can run arbitrary code); load it with "
+        "unsafe=True / --unsafe only if you trust its source"
+    )
 
 
 def _load(data: bytes, where: str, *, weights_only: bool) -> Any:

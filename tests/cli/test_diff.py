@@ -192,6 +192,28 @@ def test_malicious_dump_is_refused_and_never_executed(
     assert not marker.exists()
 
 
+def test_malicious_dump_in_both_runs_is_refused_without_loading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Byte-identical pairs are not loaded (nothing to compare), but the static scan of their
+    # pickle still refuses a dump the loader would refuse.
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    marker = tmp_path / "pwned"
+    write_run(a, {"x": {"payload": WritesMarker(str(marker))}, "fine": {"v": torch.ones(2)}})
+    Path(b).mkdir()
+    for path in Path(a).rglob("*"):
+        target = Path(b) / path.relative_to(a)
+        if path.is_dir():
+            target.mkdir(exist_ok=True)
+        else:
+            target.write_bytes(path.read_bytes())
+    code, out, _ = run_cli(capsys, "diff", a, b)
+    assert code == 2
+    assert "ERROR      x" in out
+    assert "refusing to load" in out
+    assert not marker.exists()
+
+
 def test_unsafe_flag_really_unpickles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # The counterpart of the test above: the refusal is what kept the marker away.
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
