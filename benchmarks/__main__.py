@@ -63,8 +63,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     core, ray, hdfs = results.get("core"), results.get("ray"), results.get("webhdfs")
     verl_p50 = _get(ray, "results", "verl original", "latency", "p50_us")
     verl_rate = _get(ray, "results", "verl original", "dumps_per_s")
-    dump_p50 = _get(core, "latency", "4KB", "tracker", "p50_us")
-    shim_p50 = _get(core, "latency", "4KB", "shim", "p50_us")
+    # Same process as verl's original (so Ray's threads run there too), as the plan asks ...
+    dump_p50 = _get(ray, "results", "await Tracker.dump (per process)", "latency", "p50_us")
+    shim_p50 = _get(ray, "results", "trajtrack.dump_data (per process)", "latency", "p50_us")
+    # ... and in a process without Ray (bench_core), against the same verl figure.
+    dump_p50_alone = _get(core, "latency", "4KB", "tracker", "p50_us")
     small = _get(core, "throughput", "4KB")
     large = _get(core, "throughput", "256MB")
     hdfs_large = next((r for r in _get(hdfs, "rows") or [] if r["size_mb"] == 128), None)
@@ -77,6 +80,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows = [
         ("dump() p50 vs verl dump_data p50", ratio(verl_p50, dump_p50), 100, "x lower"),
         ("dump_data (shim) p50 vs verl", ratio(verl_p50, shim_p50), 50, "x lower"),
+        (
+            "dump() p50, process without Ray, vs verl",
+            ratio(verl_p50, dump_p50_alone),
+            100,
+            "x lower",
+        ),
         (
             "4 KB dumps/s to local disk vs verl",
             ratio(_get(small, "tracker", "dumps_per_s"), verl_rate),

@@ -1,6 +1,7 @@
 """Ray adapter benchmark: caller-visible ``dump_data`` latency and end-to-end dumps/s.
 
-Side by side in one run, on one local Ray instance, for a 4 KB tensor dict:
+Side by side in one run, in one process, on one local Ray instance, for a 4 KB tensor dict,
+1 MB, 16 MB and 256 MB payloads (scenario 1 of the benchmark plan):
 
 * **verl original** — verl 0.9.1's own ``trajectory_tracker.py`` (+ ``hdfs_io.py``), loaded
   from the wheel by path (``pip download verl==0.9.1 --no-deps`` into a cache outside the
@@ -9,6 +10,9 @@ Side by side in one run, on one local Ray instance, for a 4 KB tensor dict:
 * **trajtrack.ray acknowledged** — ``trajtrack.ray.dump_data(obj, name)`` (the default).
 * **trajtrack.ray pipelined** — ``dump_data(obj, name, wait=False)`` (64 in flight).
 * **trajtrack.dump_data** — the per-process sync shim (no Ray in the path), for scale.
+* **await Tracker.dump** — the per-process async tracker on an event loop in its own thread,
+  each call timed inside that loop (what an async rollouter's coroutine waits).
+* **torch.save(obj, path)** — plain synchronous serialization to a file.
 * **bare actor call** — the floor of any acknowledged dump: ``ray.get`` of a no-op method of an
   async actor (same options as the tracker actor) given the already serialized 4 KB bytes, a
   name and the writer tuple. Nothing is written.
@@ -115,7 +119,9 @@ class Variant:
     prefix: str
 
 
-def interleaved_latency(variants: list[Variant], obj: Any, count: int) -> dict[str, list[float]]:
+def interleaved_latency(
+    variants: list[Variant], obj: Any, count: int, tag: str = ""
+) -> dict[str, list[float]]:
     """Time each call alone, round-robin over the variants, with a pause between calls.
 
     Interleaving makes every variant see the same machine load (this benchmark runs on shared
@@ -125,29 +131,69 @@ def interleaved_latency(variants: list[Variant], obj: Any, count: int) -> dict[s
     for i in range(count):
         shift = i % len(variants)
         for variant in variants[shift:] + variants[:shift]:
-            name = f"{variant.prefix}lat_{i}"
+            name = f"{variant.prefix}{tag}lat_{i}"
             start = time.perf_counter()
-            variant.dump(obj, name)
-            samples[variant.label].append(time.perf_counter() - start)
+            result = variant.dump(obj, name)
+            elapsed = time.perf_counter() - start
+            # A variant timed where it runs (the async tracker, inside its event loop) returns
+            # its own measurement.
+            samples[variant.label].append(result if isinstance(result, float) else elapsed)
             time.sleep(PAUSE)
     return samples
 
 
-def throughput(variant: Variant, obj: Any, count: int) -> float:
+def throughput(variant: Variant, obj: Any, count: int, tag: str = "") -> float:
     start = time.perf_counter()
     for i in range(count):
-        variant.dump(obj, f"{variant.prefix}tput_{i}")
+        variant.dump(obj, f"{variant.prefix}{tag}tput_{i}")
     variant.flush()
     return count / (time.perf_counter() - start)
 
 
-def check_files(variant: Variant, kind: str, count: int) -> None:
+def check_files(variant: Variant, kind: str, count: int, tag: str = "") -> None:
     if variant.dest is None:
         return
-    names = [f"{variant.prefix}{kind}_{i}.pth" for i in range(count)]
+    names = [f"{variant.prefix}{tag}{kind}_{i}.pth" for i in range(count)]
     missing = [n for n in names if not (variant.dest / n).exists()]
     if missing:
         raise SystemExit(f"{variant.label}: {len(missing)} of {count} dumps missing after flush")
+
+
+class _AsyncTracker:
+    """``await Tracker.dump`` on an event loop in its own thread, timed inside that loop."""
+
+    def __init__(self, dest: Path) -> None:
+        import asyncio
+        import threading
+
+        from trajtrack import Tracker
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._tracker = Tracker(dest, max_pending_bytes=2 << 30)
+        self._call(self._tracker.start())
+
+    def _call(self, coro: Any) -> Any:
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(600)
+
+    async def _timed(self, obj: Any, name: str) -> float:
+        start = time.perf_counter()
+        await self._tracker.dump(obj, name)
+        return time.perf_counter() - start
+
+    def dump(self, obj: Any, name: str) -> float:
+        return float(self._call(self._timed(obj, name)))
+
+    def flush(self) -> None:
+        self._call(self._tracker.flush())
+
+    def close(self) -> None:
+        self._call(self._tracker.aclose(60))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
 
 
 class _Noop:
@@ -163,8 +209,13 @@ class _Noop:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer dumps (a smoke run)")
+    parser.add_argument("--sizes", nargs="*", default=None, help="payloads (default: all)")
     args = parser.parse_args()
-    count, warmup = (60, 10) if args.quick else (400, 30)
+    plan = {"4KB": 400, "1MB": 60, "16MB": 12, "256MB": 3}
+    if args.quick:
+        plan = {"4KB": 60, "1MB": 10, "16MB": 3, "256MB": 1}
+    if args.sizes:
+        plan = {size: plan[size] for size in args.sizes}
 
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ["VERL_ENABLE_TRACKER"] = "1"
@@ -175,7 +226,6 @@ def main() -> None:
     import trajtrack.ray as tr
 
     original = load_original()
-    obj = payload("4KB")
     work = Path(tempfile.mkdtemp(prefix="trajtrack-bench-ray-"))
     ray.init(
         num_cpus=2,
@@ -183,9 +233,9 @@ def main() -> None:
         log_to_driver=False,
         _temp_dir=str(work / "ray"),
     )
-    results: dict[str, Any] = {}
+    by_size: dict[str, dict[str, Any]] = {}
     try:
-        print(f"4 KB tensor dict, {count} dumps per measurement, Ray {ray.__version__}")
+        print(f"dumps per measurement {plan}, Ray {ray.__version__}")
         from trajtrack.ray import _client
 
         verl_dest = work / "verl"  # must not exist: the original's makedirs has exist_ok=False
@@ -203,8 +253,13 @@ def main() -> None:
         os.environ["TRAJTRACK_DIR"] = str(ray_dest)
 
         bare = ray.remote(_Noop).options(**_client._ACTOR_DEFAULTS).remote()
-        data, who = _client._serialize(obj), _client._who()
-        ray.get(bare.dump.remote(data, "warm", who))
+        who = _client._who()
+        serialized: dict[str, bytes] = {}
+        ray.get(bare.dump.remote(b"warm", "warm", who))
+        async_dest = work / "async"
+        async_tracker = _AsyncTracker(async_dest)
+        save_dest = work / "torch-save"
+        save_dest.mkdir()
 
         variants = [
             Variant(
@@ -232,8 +287,22 @@ def main() -> None:
                 "trajtrack.dump_data (per process)", trajtrack.dump_data, shim.flush, shim_dest, ""
             ),
             Variant(
-                "bare actor call (no-op, 4 KB bytes)",
-                lambda o, n: ray.get(bare.dump.remote(data, n, who)),
+                "await Tracker.dump (per process)",
+                async_tracker.dump,
+                async_tracker.flush,
+                async_dest,
+                "",
+            ),
+            Variant(
+                "torch.save(obj, path) (sync)",
+                lambda o, n: torch.save(o, save_dest / f"{n}.pth"),
+                lambda: None,
+                save_dest,
+                "",
+            ),
+            Variant(
+                "bare actor call (no-op, same bytes)",
+                lambda o, n: ray.get(bare.dump.remote(serialized["data"], n, who)),
                 lambda: None,
                 None,
                 "",
@@ -246,23 +315,34 @@ def main() -> None:
                 "",
             ),
         ]
-        for variant in variants:
-            for i in range(warmup):
-                variant.dump(obj, f"{variant.prefix}warm_{i}")
-            variant.flush()
-        lat = interleaved_latency(variants, obj, count)
-        for variant in variants:
-            variant.flush()
-            check_files(variant, "lat", count)
-        for variant in variants:
-            rate = throughput(variant, obj, count)
-            check_files(variant, "tput", count)
-            p50 = percentiles(lat[variant.label])["p50_us"]
-            print(f"  {variant.label}: p50 {p50:.0f} us, {rate:.0f} dumps/s", flush=True)
-            results[variant.label] = {
-                "latency": percentiles(lat[variant.label]),
-                "dumps_per_s": rate,
-            }
+        for size, count in plan.items():
+            obj = payload(size)
+            serialized["data"] = _client._serialize(obj)
+            tag = f"{size}_"
+            warmup = max(1, min(30, count // 4))
+            for variant in variants:
+                for i in range(warmup):
+                    variant.dump(obj, f"{variant.prefix}{tag}warm_{i}")
+                variant.flush()
+            lat = interleaved_latency(variants, obj, count, tag)
+            for variant in variants:
+                variant.flush()
+                check_files(variant, "lat", count, tag)
+            results: dict[str, Any] = {}
+            for variant in variants:
+                rate = throughput(variant, obj, count, tag)
+                check_files(variant, "tput", count, tag)
+                p50 = percentiles(lat[variant.label])["p50_us"]
+                print(f"  {size} {variant.label}: p50 {p50:.0f} us, {rate:.1f} dumps/s", flush=True)
+                results[variant.label] = {
+                    "latency": percentiles(lat[variant.label]),
+                    "dumps_per_s": rate,
+                }
+            by_size[size] = results
+            for path in work.glob("*/*"):  # keep the disk small between sizes
+                if path.is_file() and path.suffix == ".pth":
+                    path.unlink()
+        async_tracker.close()
         shim.close(timeout=60)
         tr.shutdown(timeout=60)
         ray.kill(bare)
@@ -270,39 +350,37 @@ def main() -> None:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
 
-    base = results["verl original"]
-    rows = []
-    for label, res in results.items():
-        lat = res["latency"]
-        res["p50_speedup_vs_original"] = base["latency"]["p50_us"] / lat["p50_us"]
-        res["throughput_vs_original"] = res["dumps_per_s"] / base["dumps_per_s"]
-        rows.append(
-            [
-                label,
-                f"{lat['p50_us'] / 1000:.3f}",
-                f"{lat['p99_us'] / 1000:.3f}",
-                f"{res['p50_speedup_vs_original']:.1f}x",
-                f"{res['dumps_per_s']:.0f}",
-                f"{res['throughput_vs_original']:.1f}x",
-            ]
-        )
-    print()
-    print(
-        table(
-            rows,
-            ["variant", "p50 ms", "p99 ms", "p50 vs verl", "dumps/s", "dumps/s vs verl"],
-        )
-    )
+    header = ["variant", "p50 ms", "p99 ms", "p50 vs verl", "dumps/s", "dumps/s vs verl"]
+    for size, results in by_size.items():
+        base = results["verl original"]
+        rows = []
+        for label, res in results.items():
+            lat = res["latency"]
+            res["p50_speedup_vs_original"] = base["latency"]["p50_us"] / lat["p50_us"]
+            res["throughput_vs_original"] = res["dumps_per_s"] / base["dumps_per_s"]
+            rows.append(
+                [
+                    label,
+                    f"{lat['p50_us'] / 1000:.3f}",
+                    f"{lat['p99_us'] / 1000:.3f}",
+                    f"{res['p50_speedup_vs_original']:.1f}x",
+                    f"{res['dumps_per_s']:.1f}",
+                    f"{res['throughput_vs_original']:.1f}x",
+                ]
+            )
+        print(f"\n{size} payload ({plan[size]} dumps per measurement)")
+        print(table(rows, header))
     path = write_results(
         "ray-quick" if args.quick else "ray",
         {
-            "payload": "4KB tensor dict",
-            "dumps_per_measurement": count,
+            "payloads": list(plan),
+            "dumps_per_measurement": plan,
             "pause_between_timed_calls_s": PAUSE,
             "ray": ray.__version__,
             "torch": torch.__version__,
             "verl": VERL_VERSION,
-            "results": results,
+            "results": by_size.get("4KB", {}),
+            "by_size": by_size,
         },
     )
     print(f"\nwrote {path}")

@@ -125,7 +125,7 @@ def run(cluster_dir: Path, quick: bool) -> dict[str, Any]:
     url = env["WEBHDFS_URL"] + "/scale"
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     address = ray.get_runtime_context().gcs_address
-    n = 100 if quick else 400
+    n = 50 if quick else 200
     rows = []
     try:
         for writers in (1, 2, 4):
