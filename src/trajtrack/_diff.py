@@ -301,14 +301,16 @@ class _Walker:
             return
         outside = ~close
         mismatched = int(outside.sum())
-        nan_any = torch.isnan(x) | torch.isnan(y)
+        # Masks instead of boolean indexing: no copies of the selected elements, one pass each.
         diff = (x - y).abs()
-        finite_diff = diff[~nan_any]
-        max_abs = float(finite_diff.max()) if finite_diff.numel() else None
+        nan_diff = torch.isnan(diff)  # NaN in x or y (or inf - inf)
+        has_finite = not bool(nan_diff.all())
+        max_abs = float(diff.masked_fill(nan_diff, -1.0).max()) if has_finite else None
         denominator = y.abs()
-        usable = (~nan_any) & (denominator != 0)
-        max_rel = float((diff[usable] / denominator[usable]).max()) if bool(usable.any()) else None
-        first = int(outside.reshape(-1).nonzero()[0, 0])
+        rel = diff / denominator
+        unusable = nan_diff | (denominator == 0)
+        max_rel = None if bool(unusable.all()) else float(rel.masked_fill(unusable, -1.0).max())
+        first = int(torch.argmax(outside.reshape(-1).to(torch.uint8)))
         index = tuple(int(i) for i in np.unravel_index(first, tuple(a.shape))) if a.dim() else ()
         detail = f"{mismatched} of {a.numel()} elements differ"
         if max_abs is not None:

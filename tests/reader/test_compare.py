@@ -65,3 +65,14 @@ def test_limit_stops_the_walk() -> None:
     a = {str(i): i for i in range(100)}
     b = {str(i): i + 1 for i in range(100)}
     assert len(compare(a, b, limit=7)) == 7
+
+
+def test_infinities_do_not_poison_the_statistics() -> None:
+    # inf - inf is NaN: equal infinities must not turn max abs / max rel into NaN.
+    a = torch.tensor([float("inf"), 1.0, 4.0])
+    b = torch.tensor([float("inf"), 2.0, 4.0])
+    (found,) = compare(a, b, Tolerance())
+    assert found.max_abs == 1.0
+    assert found.max_rel == 0.5
+    assert found.index == (1,)
+    assert found.mismatched == 1
