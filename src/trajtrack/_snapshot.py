@@ -26,7 +26,8 @@ import pickle
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Final
 
@@ -139,7 +140,8 @@ def snapshot_plain(obj: Any) -> ObjectPayload:
     """Copy plain data (see :func:`measure_plain`) so that later mutation cannot reach it."""
     state = _CopyState()
     try:
-        copy = _copy(obj, state)
+        with FORK_GATE.torch_work():
+            copy = _copy(obj, state)
     except RuntimeError as exc:  # e.g. a tensor on a device that is gone
         raise SerializationError(f"could not copy a tensor for the snapshot: {exc}") from exc
     return ObjectPayload(copy, measure_plain(obj), cuda_events=state.cuda_events)
@@ -237,7 +239,8 @@ class ObjectPayload:
             event.synchronize()  # the pinned host copy is complete after this
         self._cuda_events = []
         try:
-            self.serializer(self.obj, out)
+            with FORK_GATE.torch_work():
+                self.serializer(self.obj, out)
         except (pickle.PicklingError, TypeError, AttributeError, RuntimeError) as exc:
             raise SerializationError(f"could not serialize the dump: {exc}") from exc
 
@@ -339,7 +342,8 @@ def serialize_to_file(obj: Any, serializer: Serializer, path: str) -> FilePayloa
     try:
         with os.fdopen(os.open(path, flags, 0o600), "wb", buffering=_COPY_CHUNK) as handle:
             writer = ChecksumWriter(handle)
-            serializer(obj, writer)  # type: ignore[arg-type]  # a minimal BinaryIO
+            with FORK_GATE.torch_work():
+                serializer(obj, writer)  # type: ignore[arg-type]  # a minimal BinaryIO
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -360,7 +364,8 @@ def serialize_to_spool(
         max_size=SPOOL_MEMORY_LIMIT, dir=spool_dir, prefix="trajtrack-spool-"
     )
     try:
-        serializer(obj, spool)  # type: ignore[arg-type]  # SpooledTemporaryFile is a BinaryIO
+        with FORK_GATE.torch_work():
+            serializer(obj, spool)  # type: ignore[arg-type]  # a SpooledTemporaryFile
         size = spool.tell()
     except Exception as exc:
         spool.close()
@@ -368,3 +373,65 @@ def serialize_to_spool(
             f"could not serialize {type(obj).__name__} for the dump: {exc}"
         ) from exc
     return SpoolPayload(spool, size)
+
+
+# --------------------------------------------------------------------------- fork safety
+
+FORK_WAIT: Final = 2.0  # seconds fork() waits for our threads to leave torch
+
+
+class _ForkGate:
+    """Keeps ``fork()`` from happening while one of our threads is inside torch.
+
+    A child inherits every lock held at the moment of the fork, but none of the threads that
+    would release them: if an upload thread is in the middle of ``torch.save`` (or a snapshot
+    copy) when the user's code forks, torch locks it held stay locked forever in the child.
+    Before a fork, this gate stops new torch work by trajtrack's threads and waits (at most
+    :data:`FORK_WAIT` seconds, so a fork is never blocked for long) for the current work to end.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._forking = False
+
+    @contextlib.contextmanager
+    def torch_work(self) -> Iterator[None]:
+        with self._cond:
+            while self._forking:
+                self._cond.wait()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                if not self._active:
+                    self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        self._cond.acquire()  # held across the fork: no torch work starts meanwhile
+        self._forking = True
+        deadline = time.monotonic() + FORK_WAIT
+        while self._active:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._cond.wait(remaining)
+
+    def after_fork_in_parent(self) -> None:
+        self._forking = False
+        self._cond.notify_all()
+        self._cond.release()
+
+    def after_fork_in_child(self) -> None:
+        self.__init__()  # type: ignore[misc]  # the child has none of the parent's threads
+
+
+FORK_GATE = _ForkGate()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=FORK_GATE.before_fork,
+        after_in_parent=FORK_GATE.after_fork_in_parent,
+        after_in_child=FORK_GATE.after_fork_in_child,
+    )

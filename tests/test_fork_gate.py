@@ -1,0 +1,63 @@
+"""fork() waits for trajtrack's threads to leave torch, so a child never inherits held locks."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from trajtrack._snapshot import FORK_GATE
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+def _fork_and_reap() -> None:
+    pid = os.fork()
+    if pid == 0:
+        with FORK_GATE.torch_work():  # the child's gate is fresh and usable
+            pass
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_fork_waits_for_torch_work_in_other_threads() -> None:
+    entered, release, left = threading.Event(), threading.Event(), threading.Event()
+
+    def worker() -> None:
+        with FORK_GATE.torch_work():
+            entered.set()
+            release.wait(30)
+            left.set()  # the last thing before leaving the gate
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert entered.wait(30)
+    releaser = threading.Timer(0.2, release.set)
+    releaser.start()
+    _fork_and_reap()
+    # fork() returned only after the worker had left its torch work (it was inside at the
+    # moment fork() was called, and nothing else could have let it out).
+    assert left.is_set()
+    thread.join(30)
+    releaser.join(30)
+
+
+def test_a_stuck_thread_cannot_block_fork_forever() -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        with FORK_GATE.torch_work():
+            entered.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert entered.wait(30)
+    _fork_and_reap()  # returns after the gate's bounded wait although the worker is inside
+    assert thread.is_alive()
+    release.set()
+    thread.join(30)
+    with FORK_GATE.torch_work():  # and the gate works normally afterwards
+        pass
