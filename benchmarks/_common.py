@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +90,27 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 def rss_bytes() -> int:
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+HDFS_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "hdfs-test-cluster.sh"
+
+
+def cluster_env(directory: Path) -> dict[str, str]:
+    """Ports, URLs and users of a test cluster started by ``scripts/hdfs-test-cluster.sh``."""
+    text = (directory / "cluster.env").read_text()
+    return dict(re.findall(r"^(\w+)=(.*)$", text, re.MULTILINE))
+
+
+def with_hdfs_cluster(
+    run: Callable[[Path, bool], dict[str, Any]], cluster_dir: Path | None, quick: bool
+) -> dict[str, Any]:
+    """``run(cluster_dir, quick)`` on a running cluster, or on one started (and stopped) here."""
+    if cluster_dir is not None:
+        return run(cluster_dir, quick)
+    subprocess.run([str(HDFS_SCRIPT), "install"], check=True)
+    with tempfile.TemporaryDirectory(prefix="trajtrack-bench-hdfs-") as tmp:
+        subprocess.run([str(HDFS_SCRIPT), "start", tmp], check=True)
+        try:
+            return run(Path(tmp), quick)
+        finally:
+            subprocess.run([str(HDFS_SCRIPT), "stop", tmp], check=False)

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -30,10 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import table, write_results
+from benchmarks._common import cluster_env, table, with_hdfs_cluster, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "hdfs-test-cluster.sh"
 
 PER_PROCESS = """
 import asyncio, sys, time, torch
@@ -64,11 +61,6 @@ for i in range(n):
     tr.dump_data(obj, f"d{i}")
 print(time.time())
 """
-
-
-def _cluster_env(directory: Path) -> dict[str, str]:
-    text = (directory / "cluster.env").read_text()
-    return dict(re.findall(r"^(\w+)=(.*)$", text, re.MULTILINE))
 
 
 def _spawn(code: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
@@ -121,7 +113,7 @@ def through_ray(address: str, url: str, writers: int, n: int) -> float:
 def run(cluster_dir: Path, quick: bool) -> dict[str, Any]:
     import ray
 
-    env = _cluster_env(cluster_dir)
+    env = cluster_env(cluster_dir)
     url = env["WEBHDFS_URL"] + "/scale"
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     address = ray.get_runtime_context().gcs_address
@@ -154,16 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cluster-dir", type=Path, help="reuse a running test cluster")
     args = parser.parse_args(argv)
-    if args.cluster_dir is not None:
-        result = run(args.cluster_dir, args.quick)
-    else:
-        subprocess.run([str(SCRIPT), "install"], check=True)
-        with tempfile.TemporaryDirectory(prefix="trajtrack-bench-scale-") as tmp:
-            subprocess.run([str(SCRIPT), "start", tmp], check=True)
-            try:
-                result = run(Path(tmp), args.quick)
-            finally:
-                subprocess.run([str(SCRIPT), "stop", tmp], check=False)
+    result = with_hdfs_cluster(run, args.cluster_dir, args.quick)
     rows = [
         [
             str(r["writers"]),

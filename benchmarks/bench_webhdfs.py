@@ -23,10 +23,7 @@ import io
 import json
 import os
 import platform
-import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,8 +34,11 @@ from hdfs import InsecureClient
 
 from trajtrack import Tracker
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import cluster_env, with_hdfs_cluster
+
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "hdfs-test-cluster.sh"
 RESULTS = ROOT / "benchmarks" / "results"
 MB = 1 << 20
 # size in MB -> number of dumps (full, quick)
@@ -77,13 +77,8 @@ async def _tracked(url: str, obj: object, count: int) -> float:
     return elapsed
 
 
-def _cluster_env(directory: Path) -> dict[str, str]:
-    text = (directory / "cluster.env").read_text()
-    return dict(re.findall(r"^(\w+)=(.*)$", text, re.MULTILINE))
-
-
 def run(cluster_dir: Path, quick: bool) -> dict[str, Any]:
-    env = _cluster_env(cluster_dir)
+    env = cluster_env(cluster_dir)
     http = f"http://127.0.0.1:{env['NN_HTTP_PORT']}"
     client = InsecureClient(http, user=env["HDFS_SUPERUSER"], timeout=(10, 300))
     rows = []
@@ -139,16 +134,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer dumps per size")
     parser.add_argument("--cluster-dir", type=Path, help="reuse a running test cluster")
     args = parser.parse_args()
-    if args.cluster_dir is not None:
-        result = run(args.cluster_dir, args.quick)
-    else:
-        subprocess.run([str(SCRIPT), "install"], check=True)
-        with tempfile.TemporaryDirectory(prefix="trajtrack-bench-hdfs-") as tmp:
-            subprocess.run([str(SCRIPT), "start", tmp], check=True)
-            try:
-                result = run(Path(tmp), args.quick)
-            finally:
-                subprocess.run([str(SCRIPT), "stop", tmp], check=False)
+    result = with_hdfs_cluster(run, args.cluster_dir, args.quick)
     _print(result)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / ("webhdfs-quick.json" if args.quick else "webhdfs.json")
