@@ -41,7 +41,11 @@ def _free_port() -> int:
 # (anything on the machine may have made one), while a driver that connects by address does
 # not, and then cannot connect. The test cluster uses a token of its own, set for the head,
 # this process and every driver, so that nothing outside the tests decides.
+# Ray reads them when it is imported, and test modules here import it at collection time:
+# set them now, before any of that.
 _AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+os.environ.update(_AUTH)
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 
 def _ray_env() -> dict[str, str]:
@@ -143,8 +147,6 @@ def _stop_head(head: subprocess.Popen[str]) -> None:
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     """Start the head node, connect this process as a driver; stop both at session end."""
     _require_ray()
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    os.environ.update(_AUTH)  # before Ray reads its configuration
     import ray
 
     env = _ray_env()

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,8 @@ def test_ten_tasks_in_different_workers_dump_then_flush(
         assert torch.equal(stored["obs"], expected["obs"])
     stats = ray.get(actor.statistics.remote(), timeout=RAY_TIMEOUT)
     assert stats.committed == 10 and stats.failed == 0 and stats.pending_items == 0
+    channel = ray.get(actor.channel_statistics.remote(), timeout=RAY_TIMEOUT)
+    assert channel["dumps"] == 10 and channel["connections"] == 10  # the direct channel
 
 
 @pytest.mark.ray
@@ -268,11 +271,25 @@ def test_a_gone_actor_is_replaced_on_the_next_dump(
     assert second != first
     assert (tracker_env["dest"] / "after.pth").exists()
 
-    # The actor dies behind the cached handle's back: the next dump finds a new one.
+    # The actor dies behind the cached handle's back: the next dump finds a new one. (ray.kill
+    # only asks for the kill; wait until the process is gone, or the channel still reaches it.)
+    pid = ray.get(tr.get_trajectory_tracker().ready.remote(), timeout=RAY_TIMEOUT)["pid"]
     ray.kill(tr.get_trajectory_tracker())
+    _wait_until_gone(pid)
     tr.dump_data({"x": torch.ones(1)}, "third")
     tr.flush(timeout=RAY_TIMEOUT)
     assert (tracker_env["dest"] / "third.pth").exists()
+
+
+def _wait_until_gone(pid: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the killed actor's process {pid} is still alive after {timeout} s")
 
 
 @pytest.mark.ray

@@ -4,7 +4,9 @@ Callers snapshot (serialize) in their own process and send the bytes; the actor 
 its tracker without re-serializing, and the tracker's upload workers write them from the
 actor's event loop (not one Ray task per file, as verl's original did). Every method is a
 coroutine, so Ray runs them all on the actor's single event loop, the one the tracker was
-started on.
+started on. The bytes arrive either as a Ray call (:meth:`TrackerActor.dump`,
+:meth:`TrackerActor.dump_many`) or, much cheaper, over the actor's direct channel
+(:mod:`trajtrack.ray._channel`), whose listeners run on the same loop.
 """
 
 from __future__ import annotations
@@ -20,15 +22,13 @@ from trajtrack._exceptions import TrackerClosedError
 from trajtrack._names import WriterIdentity
 from trajtrack._stats import TrackerStatistics
 from trajtrack._tracker import Tracker, TrackerState
+from trajtrack.ray._channel import ChannelServer, Who
 
 __all__ = ["TrackerActor", "Who"]
 
-Who = tuple[str, int, int, int, int]
-"""A writer's identity as it travels to the actor: ``(host, pid, rank, local_rank, world_size)``.
-
-A plain tuple pickles faster than the dataclass; the actor rebuilds the
-:class:`~trajtrack._names.WriterIdentity` (cached per distinct writer).
-"""
+# Who: a writer's identity as it travels to the actor, ``(host, pid, rank, local_rank,
+# world_size)``. A plain tuple pickles faster than the dataclass; the actor rebuilds the
+# WriterIdentity (cached per distinct writer).
 
 _WHO_CACHE_LIMIT = 4096
 
@@ -43,10 +43,14 @@ class TrackerActor:
     Args:
         destination: Where the tracker writes (a path or URL, as seen from the actor's node).
         options: Keyword arguments for :class:`~trajtrack.Tracker`.
+        channel: Open the direct channel (a Unix socket and a TCP port on the node's address)
+            when the tracker starts; without it every dump is a Ray call.
     """
 
-    def __init__(self, destination: str, options: dict[str, Any]) -> None:
+    def __init__(self, destination: str, options: dict[str, Any], channel: bool = True) -> None:
         self._destination = destination
+        self._want_channel = channel
+        self._channel: ChannelServer | None = None
         self._options = dict(options)
         self._tracker: Tracker | None = None
         self._start_lock = asyncio.Lock()  # binds to the actor's loop on first use
@@ -84,14 +88,49 @@ class TrackerActor:
             return self._tracker
 
     async def ready(self) -> dict[str, Any]:
-        """Start the tracker if needed; describe this actor (destination, pid, host, token)."""
+        """Start the tracker (and the channel) if needed; describe this actor.
+
+        Returns:
+            ``destination``, ``pid``, ``host``, ``token`` (this incarnation) and ``channel``:
+            the channel's endpoints and secret (see :class:`~trajtrack.ray._channel.Endpoints`)
+            or ``None`` when the actor has none.
+        """
         await self._running()
+        channel = await self._channel_endpoints()
         return {
             "destination": self._destination,
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "token": self._token,
+            "channel": channel,
         }
+
+    async def _channel_endpoints(self) -> dict[str, Any] | None:
+        if not self._want_channel or self._closed:
+            return None
+        async with self._start_lock:
+            if self._channel is None:
+                import ray  # the actor runs in Ray; the module itself does not need it
+
+                context = ray.get_runtime_context()
+                self._channel = ChannelServer(self._admit, node_id=context.get_node_id())
+                node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+                endpoints = await self._channel.start(tcp_host=node_ip)
+                if endpoints.unix_path is None and endpoints.tcp is None:
+                    self._want_channel = False
+                    return None
+            endpoints = await self._channel.start(tcp_host=None)  # the ones already open
+        return endpoints.as_dict()
+
+    async def _admit(self, data: bytes, name: str, who: WriterIdentity | Who | None) -> None:
+        tracker = self._tracker
+        if tracker is None or tracker.state is not TrackerState.RUNNING:
+            tracker = await self._running()
+        await tracker._dump_serialized(data, name, self._identity(who))
+
+    async def channel_statistics(self) -> dict[str, int]:
+        """What the direct channel has seen: connections, refused, dumps, errors."""
+        return self._channel.counters.as_dict() if self._channel else {}
 
     async def dump(self, data: bytes, name: str, who: WriterIdentity | Who | None = None) -> None:
         """Queue *data* (already serialized by the caller) as *name* for the writer *who*.
@@ -105,10 +144,7 @@ class TrackerActor:
             who: The writing process (a ``WriterIdentity`` or its
                 ``(host, pid, rank, local_rank, world_size)`` tuple); default: the actor's.
         """
-        tracker = self._tracker
-        if tracker is None or tracker.state is not TrackerState.RUNNING:
-            tracker = await self._running()
-        await tracker._dump_serialized(data, name, self._identity(who))
+        await self._admit(data, name, who)
 
     async def dump_many(
         self, data: Sequence[bytes], names: Sequence[str], who: Who
@@ -171,6 +207,8 @@ class TrackerActor:
         """
         self._closed = True
         async with self._start_lock:
-            tracker = self._tracker
+            tracker, channel = self._tracker, self._channel
+        if channel is not None:
+            await channel.aclose()  # callers fall back to Ray calls, which say "closed"
         if tracker is not None:
             await tracker.aclose(timeout)

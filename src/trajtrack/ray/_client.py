@@ -4,13 +4,17 @@ Two ways to send a dump:
 
 * **acknowledged** (default): ``dump_data`` returns once the actor has admitted the dump, so a
   ``flush`` from *any* process afterwards covers it (Ray orders the calls of one caller, not
-  those of different callers). One actor round trip per dump, the bytes shipped once.
+  those of different callers). One round trip per dump, the bytes shipped once.
 * **pipelined** (``wait=False`` or ``TRAJTRACK_RAY_PIPELINED=1``): the caller only serializes
   and appends to a per-process send buffer; a background thread ships the buffer to the actor
-  in batches (one ``dump_many`` call each). At most ``max_in_flight`` dumps (and bytes) per
-  process unacknowledged, buffered or sent, beyond which callers wait;
-  :func:`wait_for_own_dumps` waits for this process's own. A flush from *another* process
-  does not cover dumps still in flight here.
+  in batches. At most ``max_in_flight`` dumps (and bytes) per process unacknowledged, buffered
+  or sent, beyond which callers wait; :func:`wait_for_own_dumps` waits for this process's own.
+  A flush from *another* process does not cover dumps still in flight here.
+
+Both send through the actor's direct channel (:mod:`trajtrack.ray._channel`: a Unix socket on
+the actor's node, TCP from other nodes) whose address and secret the process learns with one
+Ray call; ``TRAJTRACK_RAY_CHANNEL=off`` sends every dump as a Ray call instead (``dump`` /
+``dump_many``), and so does a process whose channel fails (it logs why, once).
 
 The actor handle is cached per process (no named-actor lookup per call), forgotten after
 ``fork()``, when Ray is re-initialized, and when the actor turns out to be dead.
@@ -44,7 +48,8 @@ from trajtrack._snapshot import (
 )
 from trajtrack._tracker import add_note
 from trajtrack.backends import scheme_of
-from trajtrack.ray._actor import TrackerActor, Who
+from trajtrack.ray._actor import TrackerActor
+from trajtrack.ray._channel import ChannelBrokenError, ChannelClient, Endpoints, Who
 
 __all__ = [
     "DEFAULT_ACTOR_NAME",
@@ -68,6 +73,10 @@ MAX_IN_FLIGHT_VAR = "TRAJTRACK_RAY_MAX_IN_FLIGHT"
 DEFAULT_MAX_IN_FLIGHT = 64
 MAX_IN_FLIGHT_BYTES_VAR = "TRAJTRACK_RAY_MAX_IN_FLIGHT_BYTES"
 DEFAULT_MAX_IN_FLIGHT_BYTES = 256 << 20
+CHANNEL_VAR = "TRAJTRACK_RAY_CHANNEL"
+CHANNEL_MODES = ("auto", "tcp", "off")
+"""``auto``: the Unix socket on the actor's node, TCP elsewhere; ``tcp``: always TCP;
+``off``: no channel (every dump is a Ray call; also keeps a new actor from listening)."""
 FULL_TIMEOUT_VAR = "TRAJTRACK_RAY_FULL_TIMEOUT"
 DEFAULT_FULL_TIMEOUT = 300.0
 BATCH_MAX_ITEMS = 256
@@ -162,14 +171,24 @@ def get_trajectory_tracker(
         "lifetime": "detached",
     }
     return _RemoteTrackerActor.options(**options).remote(
-        _absolute(os.fspath(destination)), tracker_options
+        _absolute(os.fspath(destination)), tracker_options, _channel_mode() != "off"
     )
+
+
+def _channel_mode() -> str:
+    mode = os.environ.get(CHANNEL_VAR, "auto").strip().lower() or "auto"
+    if mode not in CHANNEL_MODES:
+        raise ConfigurationError(
+            f"{CHANNEL_VAR}={mode!r}: expected one of {', '.join(CHANNEL_MODES)}"
+        )
+    return mode
 
 
 @dataclass
 class _Cached:
     handle: Any
     job_id: str
+    channel: ChannelClient | None = None
 
 
 _cache: dict[tuple[str, str], _Cached] = {}
@@ -178,6 +197,10 @@ _identity: Who | None = None
 
 
 def _current_actor(name: str | None = None, namespace: str | None = None) -> Any:
+    return _current(name, namespace).handle
+
+
+def _current(name: str | None = None, namespace: str | None = None) -> _Cached:
     key = (_actor_name(name), _namespace(namespace))
     cached = _cache.get(key)
     if (
@@ -185,13 +208,46 @@ def _current_actor(name: str | None = None, namespace: str | None = None) -> Any
         and ray.is_initialized()
         and cached.job_id == ray.get_runtime_context().get_job_id()
     ):
-        return cached.handle
+        return cached
     with _cache_lock:
+        cached = _cache.get(key)
+        if cached is not None and cached.job_id == ray.get_runtime_context().get_job_id():
+            return cached  # another thread looked it up meanwhile
         handle = get_trajectory_tracker(name=key[0], namespace=key[1])
         info = ray.get(handle.ready.remote())  # once per process: surfaces a bad destination
         _warn_if_other_destination(info, key)
-        _cache[key] = _Cached(handle, ray.get_runtime_context().get_job_id())
-        return handle
+        fresh = _Cached(handle, ray.get_runtime_context().get_job_id(), _open_channel(info))
+        old = _cache.get(key)
+        if old is not None and old.channel is not None:
+            old.channel.close()
+        _cache[key] = fresh
+        return fresh
+
+
+def _open_channel(info: dict[str, Any]) -> ChannelClient | None:
+    """The client for the actor's channel, or ``None`` (off, or the actor has none)."""
+    mode = _channel_mode()
+    if mode == "off" or not info.get("channel"):
+        return None
+    endpoints = Endpoints.from_dict(info["channel"])
+    local = mode == "auto" and endpoints.node_id == ray.get_runtime_context().get_node_id()
+    try:
+        return ChannelClient(endpoints, _who(), local=local, reply_timeout=_limits()[2])
+    except ChannelBrokenError as exc:
+        logger.warning("trajtrack.ray: %s; sending dumps as Ray calls", exc)
+        return None
+
+
+def _channel_failed(cached: _Cached, exc: ChannelBrokenError) -> None:
+    """Stop using a failed channel in this process; the dump goes as a Ray call instead."""
+    channel, cached.channel = cached.channel, None
+    if channel is not None:
+        logger.warning(
+            "trajtrack.ray: the channel to the tracker actor failed (%s); this process sends "
+            "its dumps as Ray calls from now on",
+            exc,
+        )
+        channel.close()
 
 
 def _warn_if_other_destination(info: dict[str, Any], key: tuple[str, str]) -> None:
@@ -212,7 +268,9 @@ def _warn_if_other_destination(info: dict[str, Any], key: tuple[str, str]) -> No
 
 def _forget(name: str | None = None, namespace: str | None = None) -> None:
     with _cache_lock:
-        _cache.pop((_actor_name(name), _namespace(namespace)), None)
+        cached = _cache.pop((_actor_name(name), _namespace(namespace)), None)
+    if cached is not None and cached.channel is not None:
+        cached.channel.close()
 
 
 def _who() -> Who:
@@ -302,9 +360,7 @@ def dump_data(data: Any, name: str, *, wait: bool | None = None) -> None:
     if wait is None:
         wait = not _pipelined_by_default()
     if wait:
-        payload = _serialize(data)
-        who = _who()
-        _call_with_retry(lambda actor: ray.get(actor.dump.remote(payload, name, who)))
+        _send_acknowledged(_serialize(data), name)
         return
     max_items, max_bytes, full_timeout = _limits()
     if (_actor_name(None), _namespace(None)) not in _cache:
@@ -329,6 +385,19 @@ def _snapshot(data: Any) -> tuple[bytes | ObjectPayload, int]:
         payload = _serialize(data)
         return payload, len(payload)
     return snapshot_plain(data), nbytes
+
+
+def _send_acknowledged(payload: bytes, name: str) -> None:
+    cached = _current()
+    channel = cached.channel
+    if channel is not None:
+        try:
+            channel.dump(payload, name)
+            return
+        except ChannelBrokenError as exc:  # maybe the actor is gone: the Ray call finds out
+            _channel_failed(cached, exc)
+    who = _who()
+    _call_with_retry(lambda actor: ray.get(actor.dump.remote(payload, name, who)))
 
 
 def _call_with_retry(call: Any) -> Any:
@@ -508,6 +577,21 @@ class _Sender:
         who = items[0].who
         if not ray.is_initialized():  # never start a Ray instance from this thread
             raise ConfigurationError("Ray was shut down with pipelined trajtrack dumps unsent")
+        cached = _current()
+        channel = cached.channel
+        if channel is not None:
+            try:
+                refused = channel.dump_many(list(zip(payloads, names, strict=True)))
+            except ChannelBrokenError as exc:  # the unanswered rest goes as a Ray call
+                _channel_failed(cached, exc)
+                failures = [*failures, *exc.failures]
+                payloads, names = payloads[exc.replies :], names[exc.replies :]
+                if not payloads:
+                    self._settle(batch_id, failures)
+                    return
+            else:
+                self._settle(batch_id, [*failures, *refused])
+                return
         try:
             ref = _current_actor().dump_many.remote(payloads, names, who)
         except ray.exceptions.RayActorError as exc:
@@ -634,6 +718,9 @@ def shutdown(
 
 def _forget_after_fork() -> None:
     global _cache_lock, _identity, _sender
+    for cached in _cache.values():
+        if cached.channel is not None:
+            cached.channel.abandon_after_fork()
     _cache.clear()
     _cache_lock = threading.Lock()
     _identity = None

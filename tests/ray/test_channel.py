@@ -1,0 +1,307 @@
+"""The direct channel's protocol: a real server on a real asyncio loop, a real client.
+
+No Ray cluster here (the module has no Ray import; the package needs Ray installed): the server
+admits into a list, or raises what a tracker would raise, so that every reply the client can
+get is exercised. The Ray end to end tests are in test_ray_channel.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray")
+
+from trajtrack import (
+    StorageUnavailableError,
+    TrackerClosedError,
+    TrajtrackError,
+)
+from trajtrack.ray import _channel
+from trajtrack.ray._channel import (
+    ChannelBrokenError,
+    ChannelClient,
+    ChannelServer,
+    Endpoints,
+)
+
+WHO = ("host-a", 1234, 3, 1, 8)
+WAIT = 30.0  # seconds for any wait on the loop thread
+
+
+@dataclass
+class Admitted:
+    """What the server admitted, and what it should raise next (by name)."""
+
+    dumps: list[tuple[bytes, str, tuple[Any, ...]]] = field(default_factory=list)
+    fail: dict[str, BaseException] = field(default_factory=dict)
+    hold: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    async def __call__(self, data: bytes, name: str, who: tuple[Any, ...]) -> None:
+        if name in self.hold:
+            await self.hold[name].wait()
+        if name in self.fail:
+            raise self.fail[name]
+        self.dumps.append((bytes(data), name, who))
+
+
+class Loop:
+    """An asyncio loop in a thread, like the actor's."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, factory: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+        return asyncio.run_coroutine_threadsafe(factory(), self.loop).result(WAIT)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(WAIT)
+        self.loop.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    running = Loop()
+    yield running
+    running.close()
+
+
+@dataclass
+class Served:
+    server: ChannelServer
+    admitted: Admitted
+    endpoints: Endpoints
+    clients: list[ChannelClient]
+
+    def client(self, *, local: bool = True, **options: Any) -> ChannelClient:
+        client = ChannelClient(self.endpoints, WHO, local=local, **options)
+        self.clients.append(client)
+        return client
+
+
+@pytest.fixture
+def served(loop: Loop) -> Iterator[Served]:
+    admitted = Admitted()
+    server = ChannelServer(admitted, node_id="node-1")
+    endpoints = loop.run(lambda: server.start(tcp_host="127.0.0.1"))
+    result = Served(server, admitted, endpoints, [])
+    yield result
+    for client in result.clients:
+        client.close()
+    loop.run(server.aclose)
+
+
+def test_dumps_arrive_in_order_with_name_bytes_and_writer(served: Served) -> None:
+    client = served.client()
+    payloads = [os.urandom(n) for n in (0, 1, 4096, 300_000, 3 << 20)]  # inline and streamed
+    for index, data in enumerate(payloads):
+        client.dump(data, f"step{index}/obs")
+    assert [d[1] for d in served.admitted.dumps] == [f"step{i}/obs" for i in range(5)]
+    assert [d[0] for d in served.admitted.dumps] == payloads
+    assert {d[2] for d in served.admitted.dumps} == {WHO}
+    assert served.server.counters.as_dict() == {
+        "connections": 1,
+        "refused": 0,
+        "dumps": 5,
+        "errors": 0,
+    }
+    assert client.transport == "unix"
+
+
+def test_tcp_carries_the_same_protocol(served: Served) -> None:
+    client = served.client(local=False)
+    assert client.transport == "tcp"
+    client.dump(b"abc", "over/tcp")
+    assert served.admitted.dumps == [(b"abc", "over/tcp", WHO)]
+
+
+def test_the_unix_socket_is_private_to_the_actors_user(served: Served) -> None:
+    assert served.endpoints.unix_path is not None
+    mode = Path(served.endpoints.unix_path).parent.stat().st_mode & 0o777
+    assert mode == 0o700
+
+
+def test_a_wrong_secret_is_refused_and_nothing_is_admitted(served: Served) -> None:
+    wrong = Endpoints(bytes(32), served.endpoints.node_id, served.endpoints.unix_path, None)
+    client = ChannelClient(wrong, WHO, local=True)
+    with pytest.raises(ChannelBrokenError, match="refused"):
+        client.dump(b"x", "sneaky")
+    assert served.admitted.dumps == []
+    assert served.server.counters.refused == 1
+    assert served.server.counters.connections == 0
+
+
+@pytest.mark.parametrize(
+    "hello",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(20),  # not our protocol
+        b"TTRK\x63" + bytes(34),  # a future protocol version
+    ],
+    ids=["http", "version"],
+)
+def test_a_foreign_hello_is_refused(served: Served, hello: bytes) -> None:
+    assert served.endpoints.tcp is not None
+    with socket.create_connection(served.endpoints.tcp, timeout=WAIT) as sock:
+        sock.sendall(hello)
+        status, _ = struct.unpack("<BI", _read(sock, 5))
+        assert status == _channel.REFUSED
+        assert sock.recv(1) == b""  # and the server hangs up
+    assert served.server.counters.refused == 1
+
+
+def test_a_silent_connection_is_closed_after_the_hello_timeout(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_channel, "HELLO_TIMEOUT", 0.2)
+    assert served.endpoints.tcp is not None
+    with socket.create_connection(served.endpoints.tcp, timeout=WAIT) as sock:
+        status, _ = struct.unpack("<BI", _read(sock, 5))  # sent nothing: refused on timeout
+        assert status == _channel.REFUSED
+        assert sock.recv(1) == b""
+    assert served.server.counters.refused == 1
+
+
+def test_the_actors_errors_come_back_typed_and_the_connection_goes_on(served: Served) -> None:
+    served.admitted.fail["closed"] = TrackerClosedError("the tracker is closed")
+    served.admitted.fail["down"] = StorageUnavailableError("namenode is in safe mode")
+    served.admitted.fail["odd"] = ZeroDivisionError("odd one")
+    client = served.client()
+    with pytest.raises(TrackerClosedError, match="the tracker is closed"):
+        client.dump(b"1", "closed")
+    with pytest.raises(StorageUnavailableError, match="safe mode"):
+        client.dump(b"2", "down")
+    with pytest.raises(TrajtrackError, match="ZeroDivisionError: odd one"):
+        client.dump(b"3", "odd")
+    client.dump(b"4", "fine")  # same connection: the errors did not break it
+    assert served.admitted.dumps == [(b"4", "fine", WHO)]
+    assert served.server.counters.connections == 1
+    assert served.server.counters.errors == 3
+
+
+def test_a_batch_gets_one_reply_per_dump_in_order(served: Served) -> None:
+    served.admitted.fail["b2"] = TrackerClosedError("no")
+    client = served.client()
+    failures = client.dump_many([(b"%d" % i, f"b{i}") for i in range(5)])
+    assert [(index, type(error)) for index, error in failures] == [(2, TrackerClosedError)]
+    assert [d[1] for d in served.admitted.dumps] == ["b0", "b1", "b3", "b4"]
+
+
+def test_an_oversized_request_is_refused_and_the_server_keeps_serving(served: Served) -> None:
+    assert served.endpoints.tcp is not None
+    with socket.create_connection(served.endpoints.tcp, timeout=WAIT) as sock:
+        who = b'["h", 1, 0, 0, 1]'
+        sock.sendall(
+            struct.pack("<4sB32sH", b"TTRK", 1, served.server.secret, len(who))
+            + who
+            + struct.pack("<BHQ", 1, _channel.MAX_NAME_BYTES + 1, 0)
+        )
+        assert struct.unpack("<BI", _read(sock, 5))[0] == _channel.OK  # the hello
+        status, size = struct.unpack("<BI", _read(sock, 5))
+        assert status == _channel.ERROR
+        assert b"bad request" in _read(sock, size)
+        assert sock.recv(1) == b""  # the stream cannot be resynchronized: closed
+    served.client().dump(b"ok", "after")
+    assert served.admitted.dumps == [(b"ok", "after", WHO)]
+
+
+def test_many_threads_share_the_pool_and_keep_their_own_order(served: Served) -> None:
+    client = served.client()
+    errors: list[BaseException] = []
+
+    def writer(thread: int) -> None:
+        try:
+            for i in range(40):
+                client.dump(b"%d/%d" % (thread, i), f"t{thread}/{i}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    assert errors == []
+    names = [d[1] for d in served.admitted.dumps]
+    assert len(names) == 240
+    for t in range(6):
+        assert [n for n in names if n.startswith(f"t{t}/")] == [f"t{t}/{i}" for i in range(40)]
+    assert served.server.counters.connections <= 6  # pooled, not one per dump
+
+
+def test_a_reply_that_does_not_come_times_out(served: Served, loop: Loop) -> None:
+    event = loop.run(_make_event)
+    served.admitted.hold["stuck"] = event
+    client = served.client(reply_timeout=0.3)
+    with pytest.raises(TimeoutError, match="did not acknowledge"):
+        client.dump(b"x", "stuck")
+    loop.loop.call_soon_threadsafe(event.set)
+    client.dump(b"y", "next")  # a fresh connection
+    assert "next" in [d[1] for d in served.admitted.dumps]
+
+
+def test_a_closed_server_breaks_the_channel(served: Served, loop: Loop) -> None:
+    client = served.client()
+    client.dump(b"1", "before")
+    loop.run(served.server.aclose)
+    with pytest.raises(ChannelBrokenError):
+        client.dump(b"2", "after")
+    with pytest.raises(ChannelBrokenError, match="cannot open"):
+        client.dump(b"3", "again")  # nothing listens any more
+    assert [d[1] for d in served.admitted.dumps] == ["before"]
+    assert served.endpoints.unix_path is not None
+    assert not Path(served.endpoints.unix_path).parent.exists()  # the socket's folder is gone
+
+
+def test_a_broken_batch_says_how_many_replies_came(served: Served, loop: Loop) -> None:
+    client = served.client()
+    client.dump(b"0", "warm")  # an idle pooled connection, then the server goes away
+    loop.run(served.server.aclose)
+    with pytest.raises(ChannelBrokenError) as caught:
+        client.dump_many([(b"1", "a"), (b"2", "b")])
+    assert caught.value.replies == 0
+    assert caught.value.failures == []
+
+
+def test_a_forked_child_closes_its_inherited_idle_sockets(served: Served) -> None:
+    client = served.client()
+    client.dump(b"1", "parent")
+    (connection,) = client._idle
+    client.abandon_after_fork()  # what the child does
+    assert connection.sock.fileno() == -1
+    assert client._idle == []
+
+
+def test_no_usable_endpoint_is_an_error_up_front(served: Served) -> None:
+    only_unix = Endpoints(served.endpoints.secret, "node-1", served.endpoints.unix_path, None)
+    with pytest.raises(ChannelBrokenError, match="no channel"):
+        ChannelClient(only_unix, WHO, local=False)
+
+
+def test_endpoints_survive_their_trip_through_a_dict(served: Served) -> None:
+    assert Endpoints.from_dict(served.endpoints.as_dict()) == served.endpoints
+
+
+async def _make_event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+def _read(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise AssertionError(f"connection closed after {len(data)} of {size} bytes")
+        data += chunk
+    return data

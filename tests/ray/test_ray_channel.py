@@ -1,0 +1,127 @@
+"""The direct channel end to end, on the real local Ray cluster (see conftest.py).
+
+The protocol itself is tested in test_channel.py; here: which transport a process picks, that
+``TRAJTRACK_RAY_CHANNEL=off`` really sends Ray calls, and that a process whose channel fails
+still delivers its dumps (as Ray calls) and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trajtrack import ConfigurationError, TrackerClosedError
+
+RAY_TIMEOUT = 90  # seconds for any single wait on the cluster
+
+pytestmark = pytest.mark.ray
+
+
+def _cached_channel() -> Any:
+    from trajtrack.ray import _client
+
+    return _client._current().channel
+
+
+def _stored(dest: Path, name: str) -> Any:
+    return torch.load(dest / f"{name}.pth", weights_only=True)
+
+
+@pytest.mark.parametrize("mode", ["auto", "tcp"])
+def test_both_modes_carry_acknowledged_and_pipelined_dumps(
+    ray_cluster: Any, tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    import ray
+
+    import trajtrack.ray as tr
+
+    monkeypatch.setenv("TRAJTRACK_RAY_CHANNEL", mode)
+    for i in range(3):
+        tr.dump_data({"i": torch.tensor(i)}, f"ack{i}")
+        tr.dump_data({"i": torch.tensor(10 + i)}, f"pipe{i}", wait=False)
+    tr.flush(timeout=RAY_TIMEOUT)
+
+    assert _cached_channel().transport == ("unix" if mode == "auto" else "tcp")
+    for i in range(3):
+        assert int(_stored(tracker_env["dest"], f"ack{i}")["i"]) == i
+        assert int(_stored(tracker_env["dest"], f"pipe{i}")["i"]) == 10 + i
+    actor = tr.get_trajectory_tracker()
+    counters = ray.get(actor.channel_statistics.remote(), timeout=RAY_TIMEOUT)
+    assert counters["dumps"] == 6 and counters["errors"] == 0 and counters["refused"] == 0
+
+
+def test_channel_off_sends_every_dump_as_a_ray_call(
+    ray_cluster: Any, tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ray
+
+    import trajtrack.ray as tr
+
+    monkeypatch.setenv("TRAJTRACK_RAY_CHANNEL", "off")
+    tr.dump_data({"x": torch.ones(2)}, "ray/ack")
+    tr.dump_data({"x": torch.ones(3)}, "ray/pipe", wait=False)
+    tr.flush(timeout=RAY_TIMEOUT)
+
+    actor = tr.get_trajectory_tracker()
+    info = ray.get(actor.ready.remote(), timeout=RAY_TIMEOUT)
+    assert info["channel"] is None  # the actor, created with "off", does not even listen
+    assert ray.get(actor.channel_statistics.remote(), timeout=RAY_TIMEOUT) == {}
+    assert _cached_channel() is None
+    assert _stored(tracker_env["dest"], "ray/ack")["x"].shape == (2,)
+    assert _stored(tracker_env["dest"], "ray/pipe")["x"].shape == (3,)
+
+
+def test_a_failed_channel_falls_back_to_ray_calls_and_says_so(
+    ray_cluster: Any, tracker_env: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    import ray
+
+    import trajtrack.ray as tr
+    from trajtrack.ray import _client
+    from trajtrack.ray._channel import ChannelClient, Endpoints
+
+    tr.dump_data({"x": torch.ones(1)}, "over/channel")
+    cached = _client._current()
+    real = cached.channel
+    wrong = Endpoints(bytes(32), real.endpoints.node_id, real.endpoints.unix_path, None)
+    cached.channel = ChannelClient(wrong, real.who, local=True)  # a secret the actor refuses
+    real.close()
+
+    with caplog.at_level(logging.WARNING, logger="trajtrack"):
+        tr.dump_data({"x": torch.ones(2)}, "over/ray")  # acknowledged: lands anyway
+    tr.flush(timeout=RAY_TIMEOUT)
+
+    assert _stored(tracker_env["dest"], "over/ray")["x"].shape == (2,)
+    assert cached.channel is None  # this process stays on Ray calls
+    assert "sends its dumps as Ray calls from now on" in caplog.text
+    counters = ray.get(tr.get_trajectory_tracker().channel_statistics.remote(), timeout=90)
+    assert counters["refused"] == 1 and counters["dumps"] == 1
+
+
+def test_a_closed_actor_refuses_dumps_with_a_typed_error(
+    ray_cluster: Any, tracker_env: dict[str, Any]
+) -> None:
+    import ray
+
+    import trajtrack.ray as tr
+
+    tr.dump_data({"x": torch.ones(1)}, "first")
+    ray.get(tr.get_trajectory_tracker().close.remote(RAY_TIMEOUT), timeout=RAY_TIMEOUT)
+    with pytest.raises(TrackerClosedError):
+        tr.dump_data({"x": torch.ones(1)}, "too/late")
+    assert (tracker_env["dest"] / "first.pth").exists()
+    assert not (tracker_env["dest"] / "too").exists()
+
+
+def test_an_unknown_channel_mode_is_a_configuration_error(
+    ray_cluster: Any, tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trajtrack.ray as tr
+
+    monkeypatch.setenv("TRAJTRACK_RAY_CHANNEL", "carrier-pigeon")
+    with pytest.raises(ConfigurationError, match="TRAJTRACK_RAY_CHANNEL"):
+        tr.dump_data({"x": torch.ones(1)}, "never")
