@@ -234,10 +234,15 @@ class ObjectPayload:
     def nbytes(self) -> int:
         return self._nbytes
 
-    def write_to(self, out: BinaryIO) -> None:
+    def materialize(self) -> Any:
+        """The copied object, once any device-to-host copy into it has completed."""
         for event in self._cuda_events:
             event.synchronize()  # the pinned host copy is complete after this
         self._cuda_events = []
+        return self.obj
+
+    def write_to(self, out: BinaryIO) -> None:
+        self.materialize()
         try:
             with FORK_GATE.torch_work():
                 self.serializer(self.obj, out)

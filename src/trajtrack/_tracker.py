@@ -424,9 +424,26 @@ class Tracker:
         template is applied with *who*, the identity of the process that made the dump, not
         this tracker's own.
         """
+        return await self._dump_from(BytesPayload(data), name, who, timeout)
+
+    async def _dump_decoded(
+        self, obj: Any, nbytes: int, name: str, who: WriterIdentity
+    ) -> DumpHandle:
+        """Queue plain data another process sent as raw buffers (the Ray adapter's channel).
+
+        *obj* was rebuilt from received bytes and is owned by the tracker: it is not copied,
+        and the upload worker serializes it with the tracker's serializer.
+        """
+        return await self._dump_from(
+            ObjectPayload(obj, nbytes, serializer=self._serializer), name, who, None
+        )
+
+    async def _dump_from(
+        self, payload: Any, name: str, who: WriterIdentity, timeout: float | None
+    ) -> DumpHandle:
         self._check_running()
         path = validate_name(render_name(self._template, name, who) + self._suffix)
-        job = self._job(name, path, BytesPayload(data))
+        job = self._job(name, path, payload)
         job.who = who  # the record names the process that made the dump
         deadline = None if timeout is None else time.monotonic() + timeout
         assert self._queue is not None

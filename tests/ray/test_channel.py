@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 pytest.importorskip("ray")
 
@@ -33,6 +34,7 @@ from trajtrack.ray._channel import (
     ChannelServer,
     Endpoints,
 )
+from trajtrack.ray._wire import decode, encode
 
 WHO = ("host-a", 1234, 3, 1, 8)
 WAIT = 30.0  # seconds for any wait on the loop thread
@@ -43,14 +45,16 @@ class Admitted:
     """What the server admitted, and what it should raise next (by name)."""
 
     dumps: list[tuple[bytes, str, tuple[Any, ...]]] = field(default_factory=list)
+    kinds: list[int] = field(default_factory=list)
     fail: dict[str, BaseException] = field(default_factory=dict)
     hold: dict[str, asyncio.Event] = field(default_factory=dict)
 
-    async def __call__(self, data: bytes, name: str, who: tuple[Any, ...]) -> None:
+    async def __call__(self, kind: int, data: bytearray, name: str, who: tuple[Any, ...]) -> None:
         if name in self.hold:
             await self.hold[name].wait()
         if name in self.fail:
             raise self.fail[name]
+        self.kinds.append(kind)
         self.dumps.append((bytes(data), name, who))
 
 
@@ -118,6 +122,24 @@ def test_dumps_arrive_in_order_with_name_bytes_and_writer(served: Served) -> Non
         "errors": 0,
     }
     assert client.transport == "unix"
+
+
+def test_plain_data_travels_as_its_own_kind_and_decodes_equal(served: Served) -> None:
+    obj = {"obs": torch.randn(64, 33), "step": 7, "mask": torch.ones(5, dtype=torch.bool)}
+    served.client().dump(encode(obj), "plain")
+    served.client().dump(b"serialized", "bytes")
+    assert served.admitted.kinds == [_channel.KIND_PLAIN, _channel.KIND_DUMP]
+    decoded, _ = decode(bytearray(served.admitted.dumps[0][0]))
+    assert decoded.keys() == obj.keys() and decoded["step"] == 7
+    assert torch.equal(decoded["obs"], obj["obs"]) and torch.equal(decoded["mask"], obj["mask"])
+
+
+def test_a_large_plain_payload_streams_part_by_part(served: Served) -> None:
+    big = torch.arange(1 << 20, dtype=torch.float64)  # 8 MB: sent in parts, not joined
+    served.client().dump(encode({"big": big}), "big")
+    decoded, nbytes = decode(bytearray(served.admitted.dumps[0][0]))
+    assert torch.equal(decoded["big"], big)
+    assert nbytes >= big.numel() * 8
 
 
 def test_tcp_carries_the_same_protocol(served: Served) -> None:

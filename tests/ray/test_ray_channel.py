@@ -125,3 +125,35 @@ def test_an_unknown_channel_mode_is_a_configuration_error(
     monkeypatch.setenv("TRAJTRACK_RAY_CHANNEL", "carrier-pigeon")
     with pytest.raises(ConfigurationError, match="TRAJTRACK_RAY_CHANNEL"):
         tr.dump_data({"x": torch.ones(1)}, "never")
+
+
+def test_plain_and_other_objects_both_land_equal_in_both_modes(
+    ray_cluster: Any, tracker_env: dict[str, Any]
+) -> None:
+    import collections
+
+    import numpy as np
+
+    import trajtrack.ray as tr
+
+    plain = {
+        "obs": torch.randn(3, 4, dtype=torch.bfloat16),
+        "ids": np.arange(5, dtype=np.int32),
+        "meta": {"step": 3, "tag": "x", "ratio": 0.5, "flags": (True, None)},
+    }
+    other = collections.OrderedDict(a=torch.ones(2), b=[1, 2])  # not plain: torch.save bytes
+    for wait in (True, False):
+        tr.dump_data(plain, f"plain_{wait}", wait=wait)
+        tr.dump_data(other, f"other_{wait}", wait=wait)
+    tr.flush(timeout=RAY_TIMEOUT)
+
+    for wait in (True, False):
+        stored = torch.load(
+            tracker_env["dest"] / f"plain_{wait}.pth", weights_only=False
+        )  # numpy arrays need the full unpickler; the file is our own
+        assert torch.equal(stored["obs"], plain["obs"])
+        np.testing.assert_array_equal(stored["ids"], plain["ids"])
+        assert stored["meta"] == plain["meta"]
+        again = _stored(tracker_env["dest"], f"other_{wait}")
+        assert type(again) is collections.OrderedDict
+        assert torch.equal(again["a"], other["a"]) and again["b"] == [1, 2]

@@ -18,11 +18,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from trajtrack._exceptions import TrackerClosedError
+from trajtrack._exceptions import SerializationError, TrackerClosedError
 from trajtrack._names import WriterIdentity
 from trajtrack._stats import TrackerStatistics
 from trajtrack._tracker import Tracker, TrackerState
-from trajtrack.ray._channel import ChannelServer, Who
+from trajtrack.ray._channel import KIND_PLAIN, ChannelServer, Who
+from trajtrack.ray._wire import decode
 
 __all__ = ["TrackerActor", "Who"]
 
@@ -31,6 +32,8 @@ __all__ = ["TrackerActor", "Who"]
 # WriterIdentity (cached per distinct writer).
 
 _WHO_CACHE_LIMIT = 4096
+_DECODE_INLINE_MAX = 1 << 20
+"""Plain payloads up to this size are decoded on the event loop (tens of microseconds)."""
 
 
 class TrackerActor:
@@ -113,7 +116,7 @@ class TrackerActor:
                 import ray  # the actor runs in Ray; the module itself does not need it
 
                 context = ray.get_runtime_context()
-                self._channel = ChannelServer(self._admit, node_id=context.get_node_id())
+                self._channel = ChannelServer(self._admit_frame, node_id=context.get_node_id())
                 node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
                 endpoints = await self._channel.start(tcp_host=node_ip)
                 if endpoints.unix_path is None and endpoints.tcp is None:
@@ -122,11 +125,30 @@ class TrackerActor:
             endpoints = await self._channel.start(tcp_host=None)  # the ones already open
         return endpoints.as_dict()
 
-    async def _admit(self, data: bytes, name: str, who: WriterIdentity | Who | None) -> None:
+    async def _tracker_now(self) -> Tracker:
         tracker = self._tracker
         if tracker is None or tracker.state is not TrackerState.RUNNING:
             tracker = await self._running()
+        return tracker
+
+    async def _admit(self, data: bytes, name: str, who: WriterIdentity | Who | None) -> None:
+        tracker = await self._tracker_now()
         await tracker._dump_serialized(data, name, self._identity(who))
+
+    async def _admit_frame(self, kind: int, payload: bytearray, name: str, who: Who) -> None:
+        """A request from the channel: serialized bytes, or plain data to rebuild here."""
+        if kind != KIND_PLAIN:
+            await self._admit(payload, name, who)  # type: ignore[arg-type]  # bytes-like
+            return
+        try:
+            if len(payload) > _DECODE_INLINE_MAX:  # a big skeleton: parse it off the loop
+                obj, nbytes = await asyncio.to_thread(decode, payload)
+            else:
+                obj, nbytes = decode(payload)
+        except ValueError as exc:
+            raise SerializationError(f"{name}: the plain-data payload is invalid: {exc}") from exc
+        tracker = await self._tracker_now()
+        await tracker._dump_decoded(obj, nbytes, name, self._identity(who))
 
     async def channel_statistics(self) -> dict[str, int]:
         """What the direct channel has seen: connections, refused, dumps, errors."""

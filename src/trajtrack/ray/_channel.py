@@ -13,16 +13,19 @@ Protocol (all integers little-endian; one connection serves one writer process):
   secret and the length of the writer identity, then the identity as JSON
   (``[host, pid, rank, local_rank, world_size]``); the server answers with one reply (status
   ``OK``), or closes the connection after a ``REFUSED`` reply when anything is wrong;
-* then any number of ``DUMP`` requests: kind, name length, payload length, the UTF-8 name, the
-  payload (``torch.save`` bytes). The server admits them to the tracker one after the other, in
-  the order they arrive, and answers each with one reply: ``OK``, or ``ERROR`` followed by a
-  JSON ``{"type": ..., "message": ...}`` naming the exception. A client may send several
-  requests before reading their replies (the pipelined sender does); replies come in order.
+* then any number of requests: kind, name length, payload length, the UTF-8 name, the
+  payload: ``DUMP``, the serialized dump (``torch.save`` bytes), or ``PLAIN``, plain data as a
+  JSON skeleton plus raw tensor bytes (:mod:`trajtrack.ray._wire`), which the actor rebuilds
+  and serializes in its upload workers. The server admits them to the tracker one after the
+  other, in the order they arrive, and answers each with one reply: ``OK``, or ``ERROR``
+  followed by a JSON ``{"type": ..., "message": ...}`` naming the exception. A client may send
+  several requests before reading their replies (the pipelined sender does); replies come in
+  order.
 
 The secret travels only inside Ray's own (authenticated) calls, and it is compared in constant
 time; a connection that does not present it within :data:`HELLO_TIMEOUT` seconds is closed.
 The socket carries dumps one way and status codes the other: nothing received is unpickled or
-executed, by either side.
+executed, by either side (a ``DUMP`` payload is stored as it came, never loaded).
 
 This module has no Ray import: the server runs on any asyncio loop, the client in any thread.
 """
@@ -47,6 +50,7 @@ from typing import Any
 
 import trajtrack._exceptions as _exceptions
 from trajtrack._exceptions import TrajtrackError
+from trajtrack.ray._wire import Encoded
 
 __all__ = [
     "ChannelBrokenError",
@@ -61,10 +65,15 @@ logger = logging.getLogger("trajtrack")
 Who = tuple[str, int, int, int, int]
 """A writer's identity: ``(host, pid, rank, local_rank, world_size)``."""
 
+Payload = bytes | memoryview | Encoded
+"""What a request carries: serialized bytes, or plain data encoded by :mod:`._wire`."""
+
 MAGIC = b"TTRK"
 VERSION = 1
 SECRET_BYTES = 32
 KIND_DUMP = 1
+KIND_PLAIN = 2
+KINDS = (KIND_DUMP, KIND_PLAIN)
 OK, ERROR, REFUSED = 0, 1, 2
 
 _HELLO = struct.Struct("<4sB32sH")  # magic, version, secret, identity length
@@ -191,7 +200,8 @@ def _decode_who(raw: bytes) -> Who:
 
 # --------------------------------------------------------------------------- the actor's side
 
-Admit = Callable[[bytes, str, Who], Awaitable[Any]]
+Admit = Callable[[int, bytearray, str, Who], Awaitable[Any]]
+"""``await admit(kind, payload, name, who)``: queue one request's dump (raise to refuse it)."""
 
 
 @dataclass
@@ -217,7 +227,7 @@ class ChannelServer:
     """Listens for callers and admits their dumps through *admit*, on the running loop.
 
     Args:
-        admit: ``await admit(data, name, who)`` queues one dump (raises to refuse it).
+        admit: ``await admit(kind, payload, name, who)`` queues one dump (raises to refuse it).
         node_id: Reported to clients, who use the Unix socket only on the same node.
         max_payload_bytes: A request announcing more is refused and the connection closed.
     """
@@ -320,7 +330,7 @@ class ChannelServer:
                     logger.warning("trajtrack channel: a client sent half a request")
                 return  # closed between requests: the normal end
             kind, name_len, size = _REQUEST.unpack(head)
-            if kind != KIND_DUMP or name_len > MAX_NAME_BYTES or size > self.max_payload_bytes:
+            if kind not in KINDS or name_len > MAX_NAME_BYTES or size > self.max_payload_bytes:
                 self.counters.errors += 1
                 error = ValueError(
                     f"bad request (kind {kind}, name {name_len} bytes, payload {size} bytes)"
@@ -328,9 +338,9 @@ class ChannelServer:
                 self._reply_error(writer, error)
                 return  # the stream cannot be resynchronized: close it
             raw_name = await reader.readexactly(name_len)
-            data = await reader.readexactly(size)
+            data = await _read_into(reader, size)
             try:
-                await self.admit(data, raw_name.decode("utf-8"), who)
+                await self.admit(kind, data, raw_name.decode("utf-8"), who)
             except Exception as exc:  # the caller gets it, typed; the connection goes on
                 self.counters.errors += 1
                 self._reply_error(writer, exc)
@@ -343,6 +353,20 @@ class ChannelServer:
     def _reply_error(self, writer: asyncio.StreamWriter, exc: BaseException) -> None:
         raw = encode_error(exc)
         writer.write(_REPLY.pack(ERROR, len(raw)) + raw)
+
+
+async def _read_into(reader: asyncio.StreamReader, size: int) -> bytearray:
+    """Exactly *size* bytes as a (writable) bytearray: tensors are rebuilt on it, not copied."""
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    position = 0
+    while position < size:
+        chunk = await reader.read(min(size - position, _STREAM_LIMIT))
+        if not chunk:
+            raise asyncio.IncompleteReadError(bytes(view[:position]), size)
+        view[position : position + len(chunk)] = chunk
+        position += len(chunk)
+    return buffer
 
 
 # --------------------------------------------------------------------------- the caller's side
@@ -359,13 +383,18 @@ class _Connection:
         with contextlib.suppress(OSError):
             self.sock.close()
 
-    def send(self, name: bytes, data: bytes | memoryview) -> None:
-        head = _REQUEST.pack(KIND_DUMP, len(name), len(data))
-        if len(data) <= INLINE_MAX_BYTES:
-            self.sock.sendall(b"".join((head, name, data)))
+    def send(self, name: bytes, payload: Payload) -> None:
+        if isinstance(payload, Encoded):
+            kind, parts, size = KIND_PLAIN, payload.parts, payload.size
         else:
-            self.sock.sendall(head + name)
-            self.sock.sendall(data)
+            kind, parts, size = KIND_DUMP, [payload], len(payload)
+        head = _REQUEST.pack(kind, len(name), size)
+        if size <= INLINE_MAX_BYTES:
+            self.sock.sendall(b"".join((head, name, *parts)))
+            return
+        self.sock.sendall(head + name)
+        for part in parts:
+            self.sock.sendall(part)
 
     def reply(self) -> Exception | None:
         status, size = _REPLY.unpack(self._exactly(_REPLY.size))
@@ -432,8 +461,8 @@ class ChannelClient:
         """``"unix"`` or ``"tcp"``."""
         return "unix" if self.family == getattr(socket, "AF_UNIX", None) else "tcp"
 
-    def dump(self, data: bytes | memoryview, name: str) -> None:
-        """Send one dump and wait until the actor has admitted it.
+    def dump(self, data: Payload, name: str) -> None:
+        """Send one dump (serialized bytes or encoded plain data); wait until it is admitted.
 
         Raises:
             TimeoutError: No reply within ``reply_timeout`` (the dump may still be admitted).
@@ -445,9 +474,7 @@ class ChannelClient:
         if error:
             raise error[0][1]
 
-    def dump_many(
-        self, items: Sequence[tuple[bytes | memoryview, str]]
-    ) -> list[tuple[int, Exception]]:
+    def dump_many(self, items: Sequence[tuple[Payload, str]]) -> list[tuple[int, Exception]]:
         """Send several dumps on one connection, then read their replies (in order).
 
         Returns:

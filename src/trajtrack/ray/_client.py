@@ -49,7 +49,8 @@ from trajtrack._snapshot import (
 from trajtrack._tracker import add_note
 from trajtrack.backends import scheme_of
 from trajtrack.ray._actor import TrackerActor
-from trajtrack.ray._channel import ChannelBrokenError, ChannelClient, Endpoints, Who
+from trajtrack.ray._channel import ChannelBrokenError, ChannelClient, Endpoints, Payload, Who
+from trajtrack.ray._wire import encode
 
 __all__ = [
     "DEFAULT_ACTOR_NAME",
@@ -294,6 +295,26 @@ def _serialized(payload: bytes | ObjectPayload) -> bytes:
     return buffer.getvalue()
 
 
+def _on_the_wire(payload: bytes | ObjectPayload) -> Payload:
+    """A pipelined snapshot as the channel sends it: plain data encoded, else serialized."""
+    if isinstance(payload, bytes):
+        return payload
+    try:
+        return encode(payload.materialize())
+    except NotPlainError:
+        return _serialized(payload)
+
+
+def _payload_for_channel(data: Any) -> Payload:
+    """An acknowledged dump for the channel: plain data encoded in place, else serialized."""
+    try:
+        return encode(data)
+    except NotPlainError:
+        return _serialize(data)
+    except RuntimeError as exc:  # e.g. a tensor on a device that is gone
+        raise SerializationError(f"could not read a tensor for the dump: {exc}") from exc
+
+
 def _serialize(obj: Any) -> bytes:
     """The snapshot, taken in the caller's process with the core's serializer."""
     buffer = io.BytesIO()
@@ -360,7 +381,7 @@ def dump_data(data: Any, name: str, *, wait: bool | None = None) -> None:
     if wait is None:
         wait = not _pipelined_by_default()
     if wait:
-        _send_acknowledged(_serialize(data), name)
+        _send_acknowledged(data, name)
         return
     max_items, max_bytes, full_timeout = _limits()
     if (_actor_name(None), _namespace(None)) not in _cache:
@@ -387,15 +408,18 @@ def _snapshot(data: Any) -> tuple[bytes | ObjectPayload, int]:
     return snapshot_plain(data), nbytes
 
 
-def _send_acknowledged(payload: bytes, name: str) -> None:
+def _send_acknowledged(data: Any, name: str) -> None:
     cached = _current()
     channel = cached.channel
     if channel is not None:
+        # Sent before this returns, so plain data needs no copy: its bytes go out as they are.
+        on_the_wire = _payload_for_channel(data)
         try:
-            channel.dump(payload, name)
+            channel.dump(on_the_wire, name)
             return
         except ChannelBrokenError as exc:  # maybe the actor is gone: the Ray call finds out
             _channel_failed(cached, exc)
+    payload = _serialize(data)
     who = _who()
     _call_with_retry(lambda actor: ray.get(actor.dump.remote(payload, name, who)))
 
@@ -560,9 +584,17 @@ class _Sender:
         return batch_id, items
 
     def _send(self, batch_id: int, items: list[_Item]) -> None:
+        if not ray.is_initialized():  # never start a Ray instance from this thread
+            raise ConfigurationError("Ray was shut down with pipelined trajtrack dumps unsent")
+        failures: list[tuple[int, BaseException]] = []
+        cached = _current()
+        if cached.channel is not None:
+            items, failures = self._over_channel(cached, items)
+            if not items:
+                self._settle(batch_id, failures)
+                return
         payloads: list[bytes] = []
         names: list[str] = []
-        failures: list[tuple[int, BaseException]] = []
         for index, item in enumerate(items):
             try:
                 payloads.append(_serialized(item.payload))
@@ -575,23 +607,6 @@ class _Sender:
             self._settle(batch_id, failures)
             return
         who = items[0].who
-        if not ray.is_initialized():  # never start a Ray instance from this thread
-            raise ConfigurationError("Ray was shut down with pipelined trajtrack dumps unsent")
-        cached = _current()
-        channel = cached.channel
-        if channel is not None:
-            try:
-                refused = channel.dump_many(list(zip(payloads, names, strict=True)))
-            except ChannelBrokenError as exc:  # the unanswered rest goes as a Ray call
-                _channel_failed(cached, exc)
-                failures = [*failures, *exc.failures]
-                payloads, names = payloads[exc.replies :], names[exc.replies :]
-                if not payloads:
-                    self._settle(batch_id, failures)
-                    return
-            else:
-                self._settle(batch_id, [*failures, *refused])
-                return
         try:
             ref = _current_actor().dump_many.remote(payloads, names, who)
         except ray.exceptions.RayActorError as exc:
@@ -601,6 +616,31 @@ class _Sender:
         ref.future().add_done_callback(
             lambda done: self._on_done(batch_id, len(payloads), failures, done)
         )
+
+    @staticmethod
+    def _over_channel(
+        cached: _Cached, items: list[_Item]
+    ) -> tuple[list[_Item], list[tuple[int, BaseException]]]:
+        """Send a batch on the channel, in order; return what is left for Ray, and failures."""
+        assert cached.channel is not None
+        frames: list[tuple[Payload, str]] = []
+        sent: list[_Item] = []
+        failures: list[tuple[int, BaseException]] = []
+        for index, item in enumerate(items):
+            try:
+                frames.append((_on_the_wire(item.payload), item.name))
+            except Exception as exc:
+                failures.append((index, exc))
+            else:
+                sent.append(item)
+        try:
+            refused = cached.channel.dump_many(frames)
+        except ChannelBrokenError as exc:  # the unanswered rest goes as Ray calls
+            _channel_failed(cached, exc)
+            return sent[exc.replies :], [*failures, *exc.failures]
+        for item in sent:
+            item.payload = b""
+        return [], [*failures, *refused]
 
     def _on_done(
         self,

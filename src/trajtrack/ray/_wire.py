@@ -1,0 +1,309 @@
+"""Plain data on the wire: a JSON skeleton plus the raw bytes of every tensor and array.
+
+``torch.save`` of a small dict costs the caller 100-500 us (a zip archive with CRCs, pickling),
+more than the whole channel round trip. Plain data (nested dicts, lists and tuples of tensors,
+numpy arrays and scalars; see :func:`trajtrack._snapshot.measure_plain`) does not need it to
+cross a process boundary: the caller sends the structure as JSON and each tensor's bytes as
+they lie in memory, the actor rebuilds the object around the received buffer without copying
+and its upload workers run the serializer, off the caller's path.
+
+Layout of one encoded payload::
+
+    u32 skeleton length | skeleton (UTF-8 JSON) | padding | buffer 0 | padding | buffer 1 ...
+
+Buffers start at multiples of :data:`ALIGN`. The skeleton is ``{"v": 1, "root": node,
+"buffers": [[offset, length], ...], "tensors": [[dtype, shape, buffer, requires_grad], ...]}``
+where a node is a JSON scalar (``None``, ``bool``, ``int``, ``float``, ``str``) or a tagged
+list: ``["L", [nodes]]`` list, ``["U", [nodes]]`` tuple, ``["M", [[key, value], ...]]`` dict,
+``["T", k]`` tensor *k* (a tensor that occurs twice is sent once and stays shared), ``["A",
+dtype, shape, buffer]`` numpy array, ``["g", dtype, buffer]`` numpy scalar, ``["b", buffer]``
+bytes, ``["c", real, imag]`` complex, ``["D", name]`` a ``torch.dtype``.
+
+Decoding builds only those types: dtypes come from allow-lists (a numpy dtype that holds
+objects is refused), sizes are checked against the buffers, nothing is imported or called by
+name. Anything the encoder does not know exactly (subclasses, sparse or quantized tensors,
+structured arrays) raises :class:`NotPlainError` and the caller falls back to ``torch.save``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import torch
+
+from trajtrack._snapshot import NotPlainError, measure_plain
+
+__all__ = ["Encoded", "NotPlainError", "decode", "encode"]
+
+VERSION: Final = 1
+ALIGN: Final = 64
+MAX_DEPTH: Final = 64
+_LENGTH = struct.Struct("<I")
+_SCALARS: Final = (type(None), bool, int, float, str)
+_TORCH_DTYPES: Final = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in vars(torch).values()
+    if isinstance(dtype, torch.dtype)
+}
+
+
+@dataclass
+class Encoded:
+    """An encoded payload: the parts to send, in order, and their total size."""
+
+    parts: list[bytes | memoryview] = field(default_factory=list)
+    size: int = 0
+    keep: list[Any] = field(default_factory=list)  # what the memoryviews point into
+
+
+@dataclass
+class _Encoder:
+    buffers: list[memoryview] = field(default_factory=list)
+    tensors: list[list[Any]] = field(default_factory=list)
+    tensor_ids: dict[int, int] = field(default_factory=dict)
+    keep: list[Any] = field(default_factory=list)  # what the memoryviews point into
+
+    def node(self, obj: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise NotPlainError("nesting too deep")
+        kind = type(obj)
+        if kind in _SCALARS:
+            return obj
+        if kind is torch.Tensor:
+            return ["T", self.tensor(obj)]
+        if kind is dict:
+            return ["M", [[self.key(k), self.node(v, depth + 1)] for k, v in obj.items()]]
+        if kind is list:
+            return ["L", [self.node(v, depth + 1) for v in obj]]
+        if kind is tuple:
+            return ["U", [self.node(v, depth + 1) for v in obj]]
+        if kind is np.ndarray:
+            return self.array(obj)
+        if kind is bytes:
+            return ["b", self.buffer(memoryview(obj))]
+        if kind is complex:
+            return ["c", obj.real, obj.imag]
+        if kind is torch.dtype:
+            return ["D", str(obj).removeprefix("torch.")]
+        if isinstance(obj, np.generic) and type(obj).__module__ == "numpy":
+            dtype = _plain_numpy_dtype(obj.dtype)
+            return ["g", dtype, self.buffer(np.asarray(obj).reshape(1).view(np.uint8).data)]
+        raise NotPlainError(kind.__name__)
+
+    def key(self, key: Any) -> Any:
+        if type(key) in _SCALARS or type(key) is complex or type(key) is bytes:
+            return self.node(key, 0)
+        raise NotPlainError(f"dict key of type {type(key).__name__}")
+
+    def tensor(self, tensor: torch.Tensor) -> int:
+        index = self.tensor_ids.get(id(tensor))
+        if index is not None:
+            return index
+        if tensor.layout is not torch.strided or tensor.is_quantized or tensor.is_meta:
+            raise NotPlainError("special tensor")
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if _TORCH_DTYPES.get(dtype) is not tensor.dtype:
+            raise NotPlainError(f"tensor dtype {tensor.dtype}")
+        source = tensor.detach()
+        if source.device.type != "cpu":
+            source = source.to("cpu")
+        source = source.resolve_conj().resolve_neg().contiguous()
+        try:
+            raw = source.reshape(-1).view(torch.uint8).numpy()
+        except (RuntimeError, TypeError) as exc:  # e.g. sub-byte dtypes
+            raise NotPlainError(f"tensor dtype {tensor.dtype}: {exc}") from None
+        self.keep.append(source)
+        index = self.tensor_ids[id(tensor)] = len(self.tensors)
+        self.tensors.append(
+            [dtype, list(source.shape), self.buffer(raw.data), tensor.requires_grad]
+        )
+        return index
+
+    def array(self, array: np.ndarray[Any, Any]) -> list[Any]:
+        dtype = _plain_numpy_dtype(array.dtype)
+        source = np.ascontiguousarray(array)
+        self.keep.append(source)
+        return [
+            "A",
+            dtype,
+            list(source.shape),
+            self.buffer(source.reshape(-1).view(np.uint8).data),
+        ]
+
+    def buffer(self, view: memoryview) -> int:
+        self.buffers.append(view.cast("B") if view.ndim != 1 or view.format != "B" else view)
+        return len(self.buffers) - 1
+
+
+def _plain_numpy_dtype(dtype: np.dtype[Any]) -> str:
+    if dtype.hasobject or dtype.fields is not None or dtype.kind == "V" or dtype.subdtype:
+        raise NotPlainError(f"numpy dtype {dtype}")
+    return str(dtype.str)
+
+
+def encode(obj: Any) -> Encoded:
+    """Encode plain data without copying the tensors' bytes (the parts point into them).
+
+    The caller must keep *obj* unchanged until the parts are sent (the acknowledged dump
+    sends before it returns; the pipelined sender encodes its own snapshot copy).
+
+    Raises:
+        NotPlainError: *obj* is not plain data this encoding carries exactly.
+    """
+    encoder = _Encoder()
+    root = encoder.node(obj, 0)
+    skeleton_fields: dict[str, Any] = {"v": VERSION, "root": root, "tensors": encoder.tensors}
+    # Offsets depend on the skeleton's length, which depends on the offsets: lay the buffers
+    # out after a generous estimate of it, then pad the skeleton up to that.
+    lengths = [view.nbytes for view in encoder.buffers]
+    estimate = len(json.dumps(skeleton_fields)) + 32 * len(lengths) + 64
+    start = _aligned(_LENGTH.size + estimate)
+    spans, position = [], start
+    for length in lengths:
+        spans.append([position, length])
+        position = _aligned(position + length)
+    skeleton_fields["buffers"] = spans
+    skeleton = json.dumps(skeleton_fields, separators=(",", ":")).encode()
+    if _LENGTH.size + len(skeleton) > start:  # cannot happen with the estimate above
+        raise NotPlainError("skeleton estimate too small")
+    head = _LENGTH.pack(len(skeleton)) + skeleton
+    encoded = Encoded([head + bytes(start - len(head))], start, encoder.keep)
+    for view, (offset, length) in zip(encoder.buffers, spans, strict=True):
+        if offset > encoded.size:
+            encoded.parts.append(bytes(offset - encoded.size))
+        if length:
+            encoded.parts.append(view)
+        encoded.size = offset + length
+    return encoded
+
+
+def _aligned(position: int) -> int:
+    return (position + ALIGN - 1) // ALIGN * ALIGN
+
+
+def decode(payload: bytearray) -> tuple[Any, int]:
+    """Rebuild the object; its tensors and arrays share *payload*'s memory.
+
+    Returns:
+        The object and its size as the tracker's budget counts it.
+
+    Raises:
+        ValueError: The payload is not a valid encoding (nothing is built from it).
+    """
+    try:
+        (length,) = _LENGTH.unpack_from(payload, 0)
+        if _LENGTH.size + length > len(payload):
+            raise ValueError("skeleton longer than the payload")
+        skeleton = json.loads(bytes(payload[_LENGTH.size : _LENGTH.size + length]))
+        if not isinstance(skeleton, dict) or skeleton.get("v") != VERSION:
+            raise ValueError("unknown encoding version")
+        body = _LENGTH.size + length
+        decoder = _Decoder(payload, body, skeleton["buffers"], skeleton["tensors"])
+        obj = decoder.node(skeleton["root"], 0)
+    except (
+        ValueError,
+        KeyError,
+        IndexError,
+        TypeError,
+        RecursionError,
+        RuntimeError,
+        NotPlainError,
+        struct.error,
+    ) as exc:
+        raise ValueError(f"malformed plain payload: {exc}") from None
+    return obj, measure_plain(obj)
+
+
+class _Decoder:
+    def __init__(self, payload: bytearray, body: int, spans: Any, tensors: Any) -> None:
+        self.payload = payload
+        self.body = body  # buffers start after the skeleton
+        self.spans = [self._span(span) for span in spans]
+        self.tensor_specs: Sequence[Any] = tensors
+        self.tensors: dict[int, torch.Tensor] = {}
+
+    def _span(self, span: Any) -> tuple[int, int]:
+        offset, length = (int(v) for v in span)
+        if offset < self.body or length < 0 or offset + length > len(self.payload):
+            raise ValueError("buffer outside the payload")
+        return offset, length
+
+    def node(self, node: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise ValueError("nesting too deep")
+        if type(node) in _SCALARS:
+            return node
+        if type(node) is not list or not node or not isinstance(node[0], str):
+            raise ValueError("bad node")
+        tag = node[0]
+        if tag == "M":
+            return {self.node(k, depth + 1): self.node(v, depth + 1) for k, v in node[1]}
+        if tag == "L":
+            return [self.node(v, depth + 1) for v in node[1]]
+        if tag == "U":
+            return tuple(self.node(v, depth + 1) for v in node[1])
+        if tag == "T":
+            return self.tensor(int(node[1]))
+        if tag == "A":
+            return self.array(node[1], node[2], int(node[3]))
+        if tag == "g":
+            return self.array(node[1], [], int(node[2]))[()]
+        if tag == "b":
+            offset, length = self.spans[int(node[1])]
+            return bytes(self.payload[offset : offset + length])
+        if tag == "c":
+            return complex(float(node[1]), float(node[2]))
+        if tag == "D":
+            return _torch_dtype(node[1])
+        raise ValueError(f"unknown tag {tag!r}")
+
+    def tensor(self, index: int) -> torch.Tensor:
+        seen = self.tensors.get(index)
+        if seen is not None:
+            return seen
+        if index < 0:
+            raise ValueError("bad tensor index")
+        dtype_name, shape, buffer, requires_grad = self.tensor_specs[index]
+        dtype, dims = _torch_dtype(dtype_name), _shape(shape)
+        offset, length = self.spans[int(buffer)]
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if math.prod(dims) * itemsize != length:
+            raise ValueError("tensor size does not match its buffer")
+        if length:
+            raw = torch.frombuffer(self.payload, dtype=torch.uint8, count=length, offset=offset)
+            tensor = raw.view(dtype).reshape(dims)
+        else:
+            tensor = torch.empty(dims, dtype=dtype)
+        if requires_grad is True and (tensor.is_floating_point() or tensor.is_complex()):
+            tensor.requires_grad_(True)
+        self.tensors[index] = tensor
+        return tensor
+
+    def array(self, dtype_str: Any, shape: Any, buffer: int) -> Any:
+        dtype = np.dtype(str(dtype_str))
+        _plain_numpy_dtype(dtype)  # refuses object, structured and void dtypes
+        dims = _shape(shape)
+        offset, length = self.spans[buffer]
+        if math.prod(dims) * dtype.itemsize != length:
+            raise ValueError("array size does not match its buffer")
+        flat = np.frombuffer(self.payload, dtype=dtype, count=math.prod(dims), offset=offset)
+        return flat.reshape(dims)
+
+
+def _torch_dtype(name: Any) -> torch.dtype:
+    dtype = _TORCH_DTYPES.get(str(name))
+    if dtype is None:
+        raise ValueError(f"unknown torch dtype {name!r}")
+    return dtype
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+        raise ValueError("bad shape")
+    return tuple(shape)

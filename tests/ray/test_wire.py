@@ -1,0 +1,224 @@
+"""Plain data on the wire (trajtrack.ray._wire): exact round trips, refusals, hostile payloads."""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ray")
+
+from trajtrack.ray._wire import ALIGN, NotPlainError, decode, encode
+
+
+def _roundtrip(obj: Any) -> Any:
+    encoded = encode(obj)
+    payload = bytearray(b"".join(bytes(part) for part in encoded.parts))
+    assert len(payload) == encoded.size
+    return decode(payload)[0]
+
+
+def _same(a: Any, b: Any) -> None:
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.requires_grad == b.requires_grad
+        assert torch.equal(a.detach(), b.detach()) or (a.isnan() == b.isnan()).all()
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for key in a:
+            _same(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    elif isinstance(a, float) and a != a:
+        assert b != b
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+        torch.complex64,
+        torch.float8_e4m3fn,
+    ],
+)
+def test_every_common_tensor_dtype_round_trips_exactly(dtype: torch.dtype) -> None:
+    source = (torch.randn(3, 5) * 10).to(dtype) if dtype is not torch.bool else torch.rand(7) > 0.5
+    _same(_roundtrip({"t": source})["t"], source)
+
+
+def test_a_nested_rollout_like_batch_round_trips() -> None:
+    shared = torch.randn(4, 4)
+    obj = {
+        "obs": torch.randn(2, 3, 4)[:, ::2],  # non-contiguous
+        "ids": torch.arange(10).reshape(2, 5).t(),  # transposed
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 7),
+        "grad": torch.randn(3, requires_grad=True),
+        "same": [shared, (shared, 1)],
+        "np": np.arange(12, dtype=np.int16).reshape(3, 4),
+        "np_fortran": np.asfortranarray(np.ones((2, 3))),
+        "np_big_endian": np.arange(3, dtype=">f8"),
+        "np_scalar": np.float32(2.5),
+        "np_str": np.str_("hey"),
+        "dtype": torch.bfloat16,
+        "meta": {"step": 7, "lr": 1e-4, "name": "run", "done": False, "none": None, "nan": 0.0},
+        "bytes": b"\x00\x01raw",
+        "complex": 1 - 2j,
+        1: "int key",
+        2.5: "float key",
+        None: "none key",
+        b"k": "bytes key",
+    }
+    out = _roundtrip(obj)
+    _same(out, {**obj, "obs": obj["obs"].contiguous(), "ids": obj["ids"].contiguous()})
+    assert out["same"][0] is out["same"][1][0]  # a tensor sent twice stays one tensor
+
+
+def test_nan_and_infinities_survive() -> None:
+    out = _roundtrip({"x": torch.tensor([float("nan"), float("inf"), -float("inf")]), "f": 1e308})
+    assert out["x"].isnan()[0] and out["x"][1] == float("inf") and out["x"][2] == -float("inf")
+    assert out["f"] == 1e308
+
+
+def test_decoded_tensors_share_the_payload_not_a_copy() -> None:
+    encoded = encode({"x": torch.arange(1000, dtype=torch.int32)})
+    payload = bytearray(b"".join(bytes(part) for part in encoded.parts))
+    out, nbytes = decode(payload)
+    assert nbytes >= 4000
+    start = out["x"].data_ptr()
+    base = np.frombuffer(payload, dtype=np.uint8).ctypes.data
+    assert base <= start < base + len(payload)
+    assert (start - base) % ALIGN == 0  # buffers are aligned
+
+
+def test_the_encoder_sends_the_tensors_own_memory_without_a_copy() -> None:
+    tensor = torch.arange(4096, dtype=torch.float32)
+    encoded = encode({"x": tensor})
+    views = [part for part in encoded.parts if isinstance(part, memoryview)]
+    assert len(views) == 1
+    tensor[0] = 99.0  # the acknowledged path sends before it returns: it sees the memory
+    assert np.frombuffer(views[0], dtype=np.float32)[0] == 99.0
+
+
+class Tag(dict[str, Any]):
+    pass
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        Tag(a=1),  # a dict subclass: torch.save would keep its class
+        {"p": torch.nn.Parameter(torch.ones(1))},
+        {"s": torch.ones(2).to_sparse()},
+        {"o": np.array([object()], dtype=object)},
+        {"r": np.zeros(2, dtype=[("a", "i4"), ("b", "f4")])},
+        {"set": {1, 2}},
+        {(1, 2): "tuple key"},
+        {"f": lambda: None},
+    ],
+    ids=[
+        "dict-subclass",
+        "parameter",
+        "sparse",
+        "object-array",
+        "structured",
+        "set",
+        "tuple-key",
+        "function",
+    ],
+)
+def test_what_it_cannot_carry_exactly_is_not_plain(obj: Any) -> None:
+    with pytest.raises(NotPlainError):
+        encode(obj)
+
+
+def test_too_deep_nesting_is_not_plain() -> None:
+    deep: Any = 1
+    for _ in range(100):
+        deep = [deep]
+    with pytest.raises(NotPlainError, match="deep"):
+        encode(deep)
+
+
+def _payload(skeleton: dict[str, Any], body: bytes = b"") -> bytearray:
+    raw = json.dumps(skeleton).encode()
+    return bytearray(struct.pack("<I", len(raw)) + raw + body)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        bytearray(b""),
+        bytearray(b"\xff\xff\xff\xff{}"),  # skeleton longer than the payload
+        _payload({"v": 99, "root": 1, "buffers": [], "tensors": []}),
+        _payload({"v": 1, "root": ["X", 1], "buffers": [], "tensors": []}),  # unknown tag
+        _payload(
+            {"v": 1, "root": ["T", 0], "buffers": [[0, 8]], "tensors": [["float32", [2], 0, False]]}
+        ),  # overlaps the skeleton? still inside: size check
+        _payload(
+            {
+                "v": 1,
+                "root": ["T", 0],
+                "buffers": [[10**9, 8]],
+                "tensors": [["float32", [2], 0, False]],
+            }
+        ),
+        _payload(
+            {"v": 1, "root": ["T", 0], "buffers": [[0, 4]], "tensors": [["float32", [2], 0, False]]}
+        ),
+        _payload(
+            {
+                "v": 1,
+                "root": ["T", 0],
+                "buffers": [[0, 4]],
+                "tensors": [["os.system", [1], 0, False]],
+            }
+        ),
+        _payload(
+            {
+                "v": 1,
+                "root": ["T", 0],
+                "buffers": [[0, 4]],
+                "tensors": [["float32", [-1], 0, False]],
+            }
+        ),
+        _payload({"v": 1, "root": ["A", "|O", [1], 0], "buffers": [[0, 8]], "tensors": []}),
+        _payload({"v": 1, "root": ["D", "__import__"], "buffers": [], "tensors": []}),
+        _payload(
+            {"v": 1, "root": ["M", [[["L", []], 1]]], "buffers": [], "tensors": []}
+        ),  # unhashable key
+        _payload({"v": 1, "root": ["T", 5], "buffers": [], "tensors": []}),
+        bytearray(struct.pack("<I", 5) + b"nope!"),
+    ],
+)
+def test_a_malformed_payload_is_a_value_error(payload: bytearray) -> None:
+    with pytest.raises(ValueError, match="malformed plain payload"):
+        decode(payload)
+
+
+def test_a_deeply_nested_hostile_skeleton_is_a_value_error() -> None:
+    root: Any = 1
+    for _ in range(200):
+        root = ["L", [root]]
+    with pytest.raises(ValueError, match="malformed plain payload: nesting too deep"):
+        decode(_payload({"v": 1, "root": root, "buffers": [], "tensors": []}))
