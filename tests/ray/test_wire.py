@@ -165,52 +165,36 @@ def _payload(skeleton: dict[str, Any], body: bytes = b"") -> bytearray:
     return bytearray(struct.pack("<I", len(raw)) + raw + body)
 
 
-@pytest.mark.parametrize(
-    "payload",
-    [
-        bytearray(b""),
-        bytearray(b"\xff\xff\xff\xff{}"),  # skeleton longer than the payload
-        _payload({"v": 99, "root": 1, "buffers": [], "tensors": []}),
-        _payload({"v": 1, "root": ["X", 1], "buffers": [], "tensors": []}),  # unknown tag
-        _payload(
-            {"v": 1, "root": ["T", 0], "buffers": [[0, 8]], "tensors": [["float32", [2], 0, False]]}
-        ),  # overlaps the skeleton? still inside: size check
-        _payload(
-            {
-                "v": 1,
-                "root": ["T", 0],
-                "buffers": [[10**9, 8]],
-                "tensors": [["float32", [2], 0, False]],
-            }
-        ),
-        _payload(
-            {"v": 1, "root": ["T", 0], "buffers": [[0, 4]], "tensors": [["float32", [2], 0, False]]}
-        ),
-        _payload(
-            {
-                "v": 1,
-                "root": ["T", 0],
-                "buffers": [[0, 4]],
-                "tensors": [["os.system", [1], 0, False]],
-            }
-        ),
-        _payload(
-            {
-                "v": 1,
-                "root": ["T", 0],
-                "buffers": [[0, 4]],
-                "tensors": [["float32", [-1], 0, False]],
-            }
-        ),
-        _payload({"v": 1, "root": ["A", "|O", [1], 0], "buffers": [[0, 8]], "tensors": []}),
-        _payload({"v": 1, "root": ["D", "__import__"], "buffers": [], "tensors": []}),
-        _payload(
-            {"v": 1, "root": ["M", [[["L", []], 1]]], "buffers": [], "tensors": []}
-        ),  # unhashable key
-        _payload({"v": 1, "root": ["T", 5], "buffers": [], "tensors": []}),
-        bytearray(struct.pack("<I", 5) + b"nope!"),
-    ],
-)
+def _tensor(dtype: str, shape: list[int], length: int, body: int = 128) -> bytearray:
+    skeleton = {"v": 1, "root": ["T", 0], "buffers": [length], "tensors": [[dtype, shape, 0, 0]]}
+    return _payload(skeleton, bytes(body))
+
+
+def _root(root: Any, buffers: list[Any] | None = None, body: int = 128) -> bytearray:
+    return _payload({"v": 1, "root": root, "buffers": buffers or [], "tensors": []}, bytes(body))
+
+
+MALFORMED = {
+    "empty": bytearray(b""),
+    "skeleton-past-end": bytearray(b"\xff\xff\xff\xff{}"),
+    "not-json": bytearray(struct.pack("<I", 5) + b"nope!"),
+    "version": _payload({"v": 99, "root": 1, "buffers": [], "tensors": []}),
+    "unknown-tag": _root(["X", 1]),
+    "buffer-past-end": _tensor("float32", [2], 8, body=0),
+    "huge-buffer": _tensor("float32", [2], 10**9),
+    "size-mismatch": _tensor("float32", [2], 4),
+    "unknown-dtype": _tensor("os.system", [1], 4),
+    "negative-shape": _tensor("float32", [-1], 4),
+    "bad-length": _root(["b", 0], ["eight"]),
+    "object-array": _root(["A", "|O", [1], 0], [8]),
+    "torch-dtype-name": _root(["D", "__import__"]),
+    "unhashable-key": _root(["M", [[["L", []], 1]]]),
+    "tensor-index": _root(["T", 5]),
+    "buffer-index": _root(["b", 3], [1]),
+}
+
+
+@pytest.mark.parametrize("payload", MALFORMED.values(), ids=MALFORMED.keys())
 def test_a_malformed_payload_is_a_value_error(payload: bytearray) -> None:
     with pytest.raises(ValueError, match="malformed plain payload"):
         decode(payload)

@@ -11,8 +11,9 @@ Layout of one encoded payload::
 
     u32 skeleton length | skeleton (UTF-8 JSON) | padding | buffer 0 | padding | buffer 1 ...
 
-Buffers start at multiples of :data:`ALIGN`. The skeleton is ``{"v": 1, "root": node,
-"buffers": [[offset, length], ...], "tensors": [[dtype, shape, buffer, requires_grad], ...]}``
+Buffers follow each other in order, each starting at the next multiple of :data:`ALIGN`. The
+skeleton is ``{"v": 1, "root": node, "buffers": [length, ...], "tensors": [[dtype, shape,
+buffer, requires_grad], ...]}``
 where a node is a JSON scalar (``None``, ``bool``, ``int``, ``float``, ``str``) or a tagged
 list: ``["L", [nodes]]`` list, ``["U", [nodes]]`` tuple, ``["M", [[key, value], ...]]`` dict,
 ``["T", k]`` tensor *k* (a tensor that occurs twice is sent once and stays shared), ``["A",
@@ -113,7 +114,10 @@ class _Encoder:
         source = tensor.detach()
         if source.device.type != "cpu":
             source = source.to("cpu")
-        source = source.resolve_conj().resolve_neg().contiguous()
+        if source.is_conj() or source.is_neg():
+            source = source.resolve_conj().resolve_neg()
+        if not source.is_contiguous():
+            source = source.contiguous()
         try:
             raw = source.reshape(-1).view(torch.uint8).numpy()
         except (RuntimeError, TypeError) as exc:  # e.g. sub-byte dtypes
@@ -158,28 +162,20 @@ def encode(obj: Any) -> Encoded:
     """
     encoder = _Encoder()
     root = encoder.node(obj, 0)
-    skeleton_fields: dict[str, Any] = {"v": VERSION, "root": root, "tensors": encoder.tensors}
-    # Offsets depend on the skeleton's length, which depends on the offsets: lay the buffers
-    # out after a generous estimate of it, then pad the skeleton up to that.
     lengths = [view.nbytes for view in encoder.buffers]
-    estimate = len(json.dumps(skeleton_fields)) + 32 * len(lengths) + 64
-    start = _aligned(_LENGTH.size + estimate)
-    spans, position = [], start
-    for length in lengths:
-        spans.append([position, length])
-        position = _aligned(position + length)
-    skeleton_fields["buffers"] = spans
-    skeleton = json.dumps(skeleton_fields, separators=(",", ":")).encode()
-    if _LENGTH.size + len(skeleton) > start:  # cannot happen with the estimate above
-        raise NotPlainError("skeleton estimate too small")
+    skeleton = json.dumps(
+        {"v": VERSION, "root": root, "tensors": encoder.tensors, "buffers": lengths},
+        separators=(",", ":"),
+    ).encode()
     head = _LENGTH.pack(len(skeleton)) + skeleton
-    encoded = Encoded([head + bytes(start - len(head))], start, encoder.keep)
-    for view, (offset, length) in zip(encoder.buffers, spans, strict=True):
-        if offset > encoded.size:
-            encoded.parts.append(bytes(offset - encoded.size))
+    encoded = Encoded([head], len(head), encoder.keep)
+    for view, length in zip(encoder.buffers, lengths, strict=True):
+        padding = _aligned(encoded.size) - encoded.size
+        if padding:
+            encoded.parts.append(bytes(padding))
         if length:
             encoded.parts.append(view)
-        encoded.size = offset + length
+        encoded.size += padding + length
     return encoded
 
 
@@ -224,15 +220,21 @@ class _Decoder:
     def __init__(self, payload: bytearray, body: int, spans: Any, tensors: Any) -> None:
         self.payload = payload
         self.body = body  # buffers start after the skeleton
-        self.spans = [self._span(span) for span in spans]
+        self.spans = self._layout(spans)
         self.tensor_specs: Sequence[Any] = tensors
         self.tensors: dict[int, torch.Tensor] = {}
 
-    def _span(self, span: Any) -> tuple[int, int]:
-        offset, length = (int(v) for v in span)
-        if offset < self.body or length < 0 or offset + length > len(self.payload):
-            raise ValueError("buffer outside the payload")
-        return offset, length
+    def _layout(self, lengths: Any) -> list[tuple[int, int]]:
+        spans, position = [], self.body
+        for length in lengths:
+            if type(length) is not int or length < 0:
+                raise ValueError("bad buffer length")
+            position = _aligned(position)
+            spans.append((position, length))
+            position += length
+        if position > len(self.payload):
+            raise ValueError("buffers beyond the end of the payload")
+        return spans
 
     def node(self, node: Any, depth: int) -> Any:
         if depth > MAX_DEPTH:
