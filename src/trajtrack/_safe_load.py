@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from trajtrack._exceptions import DumpLoadError, UnsafeLoadError
+from trajtrack._weights_only import RestrictedLoader, restricted_loader
 
 __all__ = ["allowed_globals", "check_loadable", "load_dump_bytes"]
 
@@ -43,14 +44,19 @@ def allowed_globals() -> tuple[Any, ...]:
     return (*SAFE_GLOBALS, *extra)
 
 
-def load_dump_bytes(data: bytes, *, unsafe: bool = False, where: str = "dump") -> Any:
-    """Deserialize the bytes of one dump (blocking; call it in a worker thread).
+def load_dump_bytes(
+    data: bytes, *, unsafe: bool = False, where: str = "dump", share_memory: bool = False
+) -> Any:
+    """Deserialize the bytes of one dump (blocking, thread-safe; call it in a worker thread).
 
     Args:
         data: The stored file's bytes (``torch.save`` format, or a plain pickle).
         unsafe: Unpickle anything, running whatever code the dump names. Only for dumps you
             trust; a warning is logged.
         where: The dump's name or URL, for messages.
+        share_memory: Tensors may use *data*'s memory instead of copies: faster, but they
+            must be treated as read-only and not kept beyond *data* (``diff`` uses it for
+            objects it only compares). Safe loads only.
 
     Returns:
         The object, with tensors on the CPU.
@@ -64,9 +70,13 @@ def load_dump_bytes(data: bytes, *, unsafe: bool = False, where: str = "dump") -
         logger.warning("loading %s with a full unpickle (unsafe=True): it can run code", where)
         return _load(data, where, weights_only=False)
     try:
-        # safe_globals() swaps a process-wide list on enter and restores it on exit, so two
-        # threads inside it at once corrupt each other's allow-list: one load at a time.
-        # (add_safe_globals() would avoid the lock but widen torch.load for the whole process.)
+        loader = restricted_loader(allowed_globals())
+        if loader is not None:  # torch's unpickler with our allow-list: no shared state
+            return _restricted_load(loader, data, where, share_memory)
+        # Fallback for a torch without the internals the loader uses. safe_globals() swaps a
+        # process-wide list on enter and restores it on exit, so two threads inside it at
+        # once corrupt each other's allow-list: one load at a time. (add_safe_globals() would
+        # avoid the lock but widen torch.load for the whole process.)
         with _SAFE_LOAD_LOCK, torch.serialization.safe_globals(list(allowed_globals())):
             return _load(data, where, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -106,6 +116,15 @@ def _refusal(where: str, offending: list[str]) -> str:
         "on trajtrack's allow-list (a pickle can run arbitrary code); load it with "
         "unsafe=True / --unsafe only if you trust its source"
     )
+
+
+def _restricted_load(loader: RestrictedLoader, data: bytes, where: str, share: bool) -> Any:
+    try:
+        return loader.load(data, share_memory=share)
+    except (pickle.UnpicklingError, DumpLoadError):
+        raise  # the caller tells a refused global from corruption
+    except Exception as exc:  # torch raises RuntimeError, EOFError, KeyError... on bad bytes
+        raise DumpLoadError(f"{where}: cannot be loaded: {_first_line(exc)}") from exc
 
 
 def _load(data: bytes, where: str, *, weights_only: bool) -> Any:
