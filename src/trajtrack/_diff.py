@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from trajtrack._exceptions import DumpLoadError, TrajtrackError, UnsafeLoadError
+from trajtrack._numeric import mismatch
 from trajtrack._reader import DumpInfo, Run, gather_bounded
 from trajtrack._safe_load import check_loadable, load_dump_bytes
 
@@ -285,34 +286,13 @@ class _Walker:
         self._numeric(a.detach().cpu(), b.detach().cpu(), path)
 
     def _numeric(self, a: torch.Tensor, b: torch.Tensor, path: str) -> None:
-        # The common case, equal tensors: one bitwise pass. Bitwise equality implies equality
-        # except for NaN, which only matters when NaN == NaN is off.
-        nan_possible = a.is_floating_point() or a.is_complex()
-        if (self.tol.equal_nan or not nan_possible) and _bitwise_equal(a, b):
-            return
-        if a.dtype in (torch.float32, torch.float64, torch.complex64, torch.complex128):
-            x, y = a, b  # no widening copies of the common float tensors
-        else:  # ints, bools, half precision: exact in float64 up to 2**53
-            wide = torch.complex128 if a.is_complex() else torch.float64
-            x, y = a.to(wide), b.to(wide)
         tol = self.tol
-        close = torch.isclose(x, y, rtol=tol.rtol, atol=tol.atol, equal_nan=tol.equal_nan)
-        if bool(close.all()):
+        found = mismatch(a, b, rtol=tol.rtol, atol=tol.atol, equal_nan=tol.equal_nan)
+        if found is None:
             return
-        outside = ~close
-        mismatched = int(outside.sum())
-        # Masks instead of boolean indexing: no copies of the selected elements, one pass each.
-        diff = (x - y).abs()
-        nan_diff = torch.isnan(diff)  # NaN in x or y (or inf - inf)
-        has_finite = not bool(nan_diff.all())
-        max_abs = float(diff.masked_fill(nan_diff, -1.0).max()) if has_finite else None
-        denominator = y.abs()
-        rel = diff / denominator
-        unusable = nan_diff | (denominator == 0)
-        max_rel = None if bool(unusable.all()) else float(rel.masked_fill(unusable, -1.0).max())
-        first = int(torch.argmax(outside.reshape(-1).to(torch.uint8)))
+        max_abs, max_rel, first = found.max_abs, found.max_rel, found.first
         index = tuple(int(i) for i in np.unravel_index(first, tuple(a.shape))) if a.dim() else ()
-        detail = f"{mismatched} of {a.numel()} elements differ"
+        detail = f"{found.mismatched} of {a.numel()} elements differ"
         if max_abs is not None:
             detail += f" (max abs {max_abs:.6g}"
             detail += f", max rel {max_rel:.6g})" if max_rel is not None else ")"
@@ -324,25 +304,12 @@ class _Walker:
                 max_abs=max_abs,
                 max_rel=max_rel,
                 index=index,
-                mismatched=mismatched,
+                mismatched=found.mismatched,
                 total=a.numel(),
                 a=_abbrev(a.reshape(-1)[first].item()),
                 b=_abbrev(b.reshape(-1)[first].item()),
             )
         )
-
-
-def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    # numpy's memcmp-like comparison of the raw bytes is far cheaper than torch.equal here
-    # (which dispatches per dtype and, on a busy 2-core machine, contends for its thread pool).
-    try:
-        if a.is_contiguous() and b.is_contiguous() and a.dim() > 0:
-            raw_a = a.reshape(-1).view(torch.uint8).numpy()
-            raw_b = b.reshape(-1).view(torch.uint8).numpy()
-            return bool(np.array_equal(raw_a, raw_b))
-    except (RuntimeError, TypeError):  # exotic dtypes or layouts: the generic path
-        pass
-    return bool(torch.equal(a, b))
 
 
 def _as_tensor(array: np.ndarray[Any, Any]) -> torch.Tensor:
@@ -511,8 +478,9 @@ async def diff_runs(
         StorageError: Listing a run failed (per-dump read failures become ``error`` entries).
     """
     tol = tolerance or Tolerance()
-    dumps_a = {d.name: d for d in await run_a.list(names)}
-    dumps_b = {d.name: d for d in await run_b.list(names)}
+    listed_a, listed_b = await _list_both(run_a, run_b, names)
+    dumps_a = {d.name: d for d in listed_a}
+    dumps_b = {d.name: d for d in listed_b}
     start_a = _first_time(dumps_a.values())
     start_b = _first_time(dumps_b.values())
 
@@ -548,19 +516,35 @@ async def diff_runs(
     return RunDiff(run_a.url, run_b.url, tol, tuple(results))
 
 
+async def _list_both(
+    run_a: Run, run_b: Run, names: str | None
+) -> tuple[list[DumpInfo], list[DumpInfo]]:
+    """Both listings at once; a failure raises as ``run_a.list()`` / ``run_b.list()`` would."""
+    listed: dict[int, list[DumpInfo] | Exception] = {}
+
+    async def listing(key: int, run: Run) -> None:
+        try:
+            listed[key] = await run.list(names)
+        except Exception as exc:  # re-raised below, unwrapped, A's first
+            listed[key] = exc
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(listing, 0, run_a)
+        group.start_soon(listing, 1, run_b)
+    for key in (0, 1):
+        failure = listed[key]
+        if isinstance(failure, Exception):
+            raise failure
+    return listed[0], listed[1]  # type: ignore[return-value]  # no exceptions left
+
+
 async def _read_pair(run_a: Run, run_b: Run, a: DumpInfo, b: DumpInfo) -> tuple[bytes, bytes]:
     for info in (a, b):
         if not info.present:
             raise DumpLoadError(f"{info.path} is recorded but missing from the storage")
-    data: dict[str, bytes] = {}
-
-    async def read(key: str, run: Run, info: DumpInfo) -> None:
-        data[key] = await run.read_bytes(info)
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(read, "a", run_a, a)
-        group.start_soon(read, "b", run_b, b)
-    return data["a"], data["b"]
+    # One after the other: the parallelism is across pairs (a task group per pair would cost
+    # more than it saves when every pair is in flight at once).
+    return await run_a.read_bytes(a), await run_b.read_bytes(b)
 
 
 def _load_and_compare(
@@ -571,8 +555,10 @@ def _load_and_compare(
         # refused here too (a static scan of its pickle; the tensors are not loaded).
         check_loadable(data_a, unsafe=unsafe, where=f"A:{name}")
         return []
-    obj_a = load_dump_bytes(data_a, unsafe=unsafe, where=f"A:{name}")
-    obj_b = load_dump_bytes(data_b, unsafe=unsafe, where=f"B:{name}")
+    # The objects are only compared, never written to or returned: their tensors may use the
+    # read bytes' memory (no copy, no fresh pages: half of a full compare's cost otherwise).
+    obj_a = load_dump_bytes(data_a, unsafe=unsafe, where=f"A:{name}", share_memory=True)
+    obj_b = load_dump_bytes(data_b, unsafe=unsafe, where=f"B:{name}", share_memory=True)
     found: list[Difference] = compare(obj_a, obj_b, tol, limit=limit)
     return found
 
