@@ -231,7 +231,7 @@ def test_an_oversized_request_is_refused_and_the_server_keeps_serving(served: Se
         )
         assert struct.unpack("<BI", _read(sock, 5))[0] == _channel.OK  # the hello
         status, size = struct.unpack("<BI", _read(sock, 5))
-        assert status == _channel.ERROR
+        assert status == _channel.FATAL  # an error after which the server hangs up
         assert b"bad request" in _read(sock, size)
         assert sock.recv(1) == b""  # the stream cannot be resynchronized: closed
     served.client().dump(b"ok", "after")
@@ -327,3 +327,18 @@ def _read(sock: socket.socket, size: int) -> bytes:
             raise AssertionError(f"connection closed after {len(data)} of {size} bytes")
         data += chunk
     return data
+
+
+def test_a_payload_over_the_servers_limit_is_refused_with_a_clear_error(loop: Loop) -> None:
+    admitted = Admitted()
+    server = ChannelServer(admitted, node_id="n", max_payload_bytes=1000)
+    endpoints = loop.run(lambda: server.start(tcp_host=None))
+    client = ChannelClient(endpoints, WHO, local=True)
+    try:
+        with pytest.raises(ValueError, match="payload 2000 bytes"):
+            client.dump(bytes(2000), "too/big")
+        client.dump(bytes(1000), "fits")  # a new connection; the server goes on
+    finally:
+        client.close()
+        loop.run(server.aclose)
+    assert [d[1] for d in admitted.dumps] == ["fits"]

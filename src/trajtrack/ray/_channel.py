@@ -74,7 +74,8 @@ SECRET_BYTES = 32
 KIND_DUMP = 1
 KIND_PLAIN = 2
 KINDS = (KIND_DUMP, KIND_PLAIN)
-OK, ERROR, REFUSED = 0, 1, 2
+OK, ERROR, REFUSED, FATAL = 0, 1, 2, 3
+"""Reply statuses; ``FATAL`` is an error after which the server closes the connection."""
 
 _HELLO = struct.Struct("<4sB32sH")  # magic, version, secret, identity length
 _REQUEST = struct.Struct("<BHQ")  # kind, name length, payload length
@@ -90,6 +91,8 @@ INLINE_MAX_BYTES = 256 << 10
 MAX_IDLE_CONNECTIONS = 8
 """Idle connections a client keeps per actor (one per thread dumping at the same time)."""
 _STREAM_LIMIT = 1 << 20
+_LINGER_SECONDS = 2.0
+_LINGER_MAX_BYTES = 64 << 20
 
 
 class ChannelBrokenError(TrajtrackError, ConnectionError):
@@ -160,7 +163,15 @@ def encode_error(exc: BaseException) -> bytes:
 
 
 _BUILTIN_ERRORS = frozenset(
-    {"TimeoutError", "ValueError", "TypeError", "RuntimeError", "OSError", "KeyError"}
+    {
+        "TimeoutError",
+        "ValueError",
+        "TypeError",
+        "RuntimeError",
+        "OSError",
+        "KeyError",
+        "MemoryError",
+    }
 )
 
 
@@ -234,7 +245,7 @@ class ChannelServer:
 
     admit: Admit
     node_id: str = ""
-    max_payload_bytes: int = 1 << 40
+    max_payload_bytes: int = 1 << 36
     secret: bytes = field(default_factory=lambda: os.urandom(SECRET_BYTES))
     counters: ChannelCounters = field(default_factory=ChannelCounters)
     _servers: list[asyncio.Server] = field(default_factory=list)
@@ -335,10 +346,16 @@ class ChannelServer:
                 error = ValueError(
                     f"bad request (kind {kind}, name {name_len} bytes, payload {size} bytes)"
                 )
-                self._reply_error(writer, error)
-                return  # the stream cannot be resynchronized: close it
+                await self._hang_up(reader, writer, error)  # cannot resynchronize the stream
+                return
             raw_name = await reader.readexactly(name_len)
-            data = await _read_into(reader, size)
+            try:
+                data = await _read_into(reader, size)
+            except MemoryError:
+                self.counters.errors += 1
+                no_memory = MemoryError(f"no memory for a {size}-byte dump")
+                await self._hang_up(reader, writer, no_memory)  # its bytes were not read
+                return
             try:
                 await self.admit(kind, data, raw_name.decode("utf-8"), who)
             except Exception as exc:  # the caller gets it, typed; the connection goes on
@@ -350,9 +367,33 @@ class ChannelServer:
             if writer.transport.get_write_buffer_size() > _STREAM_LIMIT:
                 await writer.drain()  # a client that sends without reading: stop reading too
 
-    def _reply_error(self, writer: asyncio.StreamWriter, exc: BaseException) -> None:
+    def _reply_error(
+        self, writer: asyncio.StreamWriter, exc: BaseException, status: int = ERROR
+    ) -> None:
         raw = encode_error(exc)
-        writer.write(_REPLY.pack(ERROR, len(raw)) + raw)
+        writer.write(_REPLY.pack(status, len(raw)) + raw)
+
+    async def _hang_up(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, exc: BaseException
+    ) -> None:
+        """Send a FATAL reply, then close without resetting the connection.
+
+        Closing with unread bytes in the receive buffer makes the kernel send a reset, and the
+        client would lose the reply: so stop writing, discard what the client still sends for a
+        little while (bounded), then close.
+        """
+        self._reply_error(writer, exc, FATAL)
+        with contextlib.suppress(Exception):
+            await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+            discarded = 0
+            async with asyncio.timeout(_LINGER_SECONDS):
+                while discarded < _LINGER_MAX_BYTES:
+                    chunk = await reader.read(_STREAM_LIMIT)
+                    if not chunk:
+                        break
+                    discarded += len(chunk)
 
 
 async def _read_into(reader: asyncio.StreamReader, size: int) -> bytearray:
@@ -378,6 +419,7 @@ class _Connection:
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock = sock
         self.pid = pid
+        self.usable = True  # false after a FATAL reply: the server closes it
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -400,7 +442,8 @@ class _Connection:
         status, size = _REPLY.unpack(self._exactly(_REPLY.size))
         if status == OK:
             return None
-        if status == ERROR and size <= MAX_ERROR_BYTES:
+        if status in (ERROR, FATAL) and size <= MAX_ERROR_BYTES:
+            self.usable = self.usable and status == ERROR
             return decode_error(self._exactly(size))
         if status == REFUSED:
             raise ChannelBrokenError(
@@ -541,7 +584,8 @@ class ChannelClient:
     def _release(self, connection: _Connection) -> None:
         with self._lock:
             if (
-                not self._closed
+                connection.usable
+                and not self._closed
                 and len(self._idle) < MAX_IDLE_CONNECTIONS
                 and connection.pid == os.getpid()
             ):
