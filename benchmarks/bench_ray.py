@@ -7,8 +7,13 @@ Side by side in one run, in one process, on one local Ray instance, for a 4 KB t
   from the wheel by path (``pip download verl==0.9.1 --no-deps`` into a cache outside the
   repository; nothing of verl is copied here). It writes through ``shutil.copy`` for local
   paths; ``wait_for_hdfs`` is its flush.
-* **trajtrack.ray acknowledged** — ``trajtrack.ray.dump_data(obj, name)`` (the default).
-* **trajtrack.ray pipelined** — ``dump_data(obj, name, wait=False)`` (64 in flight).
+* **trajtrack.ray acknowledged** — ``trajtrack.ray.dump_data(obj, name)`` (the default), over
+  the actor's direct channel (a Unix socket here: one Ray node).
+* **trajtrack.ray pipelined** — ``dump_data(obj, name, wait=False)`` (64 in flight), same
+  channel.
+* **trajtrack.ray acknowledged, Ray calls** — the acknowledged mode with
+  ``TRAJTRACK_RAY_CHANNEL=off`` (a second actor): every dump is an actor call, as before the
+  channel existed.
 * **trajtrack.dump_data** — the per-process sync shim (no Ray in the path), for scale.
 * **await Tracker.dump** — the per-process async tracker on an event loop in its own thread,
   each call timed inside that loop (what an async rollouter's coroutine waits).
@@ -247,6 +252,25 @@ def main() -> None:
         os.environ["TRAJTRACK_RAY_ACTOR"] = "bench-trajtrack"
         ray.get(tr.get_trajectory_tracker().ready.remote())
 
+        # A second actor without the channel: acknowledged dumps as Ray calls.
+        calls_dest, calls_actor = work / "trajtrack-ray-calls", "bench-trajtrack-calls"
+        os.environ.update(
+            TRAJTRACK_DIR=str(calls_dest),
+            TRAJTRACK_RAY_ACTOR=calls_actor,
+            TRAJTRACK_RAY_CHANNEL="off",
+        )
+        assert _client._current().channel is None
+        os.environ.update(TRAJTRACK_DIR=str(ray_dest), TRAJTRACK_RAY_ACTOR="bench-trajtrack")
+        del os.environ["TRAJTRACK_RAY_CHANNEL"]
+        assert _client._current().channel is not None
+
+        def ray_calls(obj: Any, name: str) -> None:
+            os.environ["TRAJTRACK_RAY_ACTOR"] = calls_actor  # ~1 us; the cache is per name
+            try:
+                tr.dump_data(obj, name, wait=True)
+            finally:
+                os.environ["TRAJTRACK_RAY_ACTOR"] = "bench-trajtrack"
+
         shim_dest = work / "shim"
         os.environ["TRAJTRACK_DIR"] = str(shim_dest)
         shim = trajtrack.get_tracker()
@@ -282,6 +306,13 @@ def main() -> None:
                 tr.flush,
                 ray_dest,
                 "pipe_",
+            ),
+            Variant(
+                "trajtrack.ray acknowledged, Ray calls",
+                ray_calls,
+                lambda: tr.flush(name=calls_actor),
+                calls_dest,
+                "calls_",
             ),
             Variant(
                 "trajtrack.dump_data (per process)", trajtrack.dump_data, shim.flush, shim_dest, ""
@@ -345,6 +376,7 @@ def main() -> None:
         async_tracker.close()
         shim.close(timeout=60)
         tr.shutdown(timeout=60)
+        tr.shutdown(timeout=60, name=calls_actor)
         ray.kill(bare)
     finally:
         ray.shutdown()
