@@ -158,7 +158,8 @@ def _load(data: bytes, module: types.SimpleNamespace, share_memory: bool) -> Any
     with serialization._open_zipfile_reader(buffer) as archive:
         if serialization._is_torchscript_zip(archive):
             raise RuntimeError(_TORCHSCRIPT_REFUSAL)
-        shared = _storage_of(data) if share_memory and _native_order(archive) else None
+        share = share_memory and type(data) is bytes and _native_order(archive)
+        shared = _storage_of(data) if share else None
         return serialization._load(archive, "cpu", module, overall_storage=shared, encoding="utf-8")
 
 
