@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import torch
 import torch._weights_only_unpickler as _wou
 
@@ -86,11 +87,13 @@ class RestrictedLoader:
             RuntimeError: A TorchScript archive (refused, as ``torch.load`` refuses it).
             Exception: Whatever torch raises for bytes that are not a loadable dump.
         """
+        self._lock.acquire_shared()
         try:
-            with self._lock.shared():
-                return _load(data, self._concurrent, share_memory)
+            return _load(data, self._concurrent, share_memory)
         except pickle.UnpicklingError:
             pass  # a sparse tensor (or a refused global): again with everything, alone
+        finally:
+            self._lock.release_shared()
         with self._lock.exclusive():
             return _load(data, self._alone, share_memory)
 
@@ -173,14 +176,28 @@ def _native_order(archive: Any) -> bool:
 
 def _storage_of(data: bytes) -> torch.UntypedStorage:
     """An untyped storage over *data*'s own memory (kept alive by the storage)."""
-    # torch.frombuffer wants a writable buffer (it warns otherwise); a ctypes array at the
-    # bytes' address is one. Nothing writes to it: the loader only slices it into tensors
-    # (what torch.load(mmap=True) does with a file mapping), byte-swapped archives are
-    # excluded above, and the caller treats the tensors as read-only.
-    address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
-    view = (ctypes.c_ubyte * len(data)).from_address(address or 0)
-    view.owner = data  # type: ignore[attr-defined]  # keeps the bytes alive with the view
-    return torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
+    # torch.frombuffer wants a writable buffer (it warns otherwise), so the memory is exposed
+    # through a writable array interface at the bytes' address. Nothing writes to it: the
+    # loader only slices it into tensors (what torch.load(mmap=True) does with a file
+    # mapping), byte-swapped archives are excluded above, and the caller treats the tensors
+    # as read-only.
+    return torch.from_numpy(np.asarray(_Memory(data))).untyped_storage()
+
+
+class _Memory:
+    """The memory of a bytes object as a numpy array interface; the array keeps it alive."""
+
+    __slots__ = ("__array_interface__", "owner")
+
+    def __init__(self, data: bytes) -> None:
+        self.owner = data
+        address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+        self.__array_interface__ = {
+            "data": (address, False),
+            "shape": (len(data),),
+            "typestr": "|u1",
+            "version": 3,
+        }
 
 
 def _builds_sparse(value: Any) -> bool:
@@ -203,24 +220,22 @@ class _SharedExclusiveLock:
     """Many holders in shared mode, or one in exclusive mode; exclusive waiters go first."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._shared = 0
         self._exclusive = False
         self._waiting = 0
 
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
+    def acquire_shared(self) -> None:
         with self._cond:
             while self._exclusive or self._waiting:
                 self._cond.wait()
             self._shared += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._shared -= 1
-                if not self._shared:
-                    self._cond.notify_all()
+
+    def release_shared(self) -> None:
+        with self._cond:
+            self._shared -= 1
+            if not self._shared and self._waiting:
+                self._cond.notify_all()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
