@@ -567,7 +567,7 @@ def _load_and_compare(
         check_loadable(data_a, unsafe=unsafe, where=f"A:{name}")
         return []
     # The objects are only compared, never written to or returned: their tensors may use the
-    # read bytes' memory (no copy, no fresh pages: half of a full compare's cost otherwise).
+    # read bytes' memory (no copy, no fresh pages).
     obj_a = load_dump_bytes(data_a, unsafe=unsafe, where=f"A:{name}", share_memory=True)
     obj_b = load_dump_bytes(data_b, unsafe=unsafe, where=f"B:{name}", share_memory=True)
     found: list[Difference] = compare(obj_a, obj_b, tol, limit=limit)
