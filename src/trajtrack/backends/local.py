@@ -7,7 +7,8 @@ never sees a partial file under a final name, even after ``kill -9``.
 
 Each write is one worker-thread hop that serializes straight into the temporary file: no
 intermediate copy of the bytes, and the GIL is released during every ``write`` syscall.
-Reads go through aiofiles.
+A read is one worker-thread hop too: open, read the whole file (sized by ``fstat``, one
+allocation), close.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import aiofiles
 import anyio.to_thread
 
 from trajtrack._exceptions import (
@@ -176,9 +176,7 @@ class LocalStorage:
 
     async def read(self, path: str) -> bytes:
         target = self._resolve(path)
-        with _translated(str(target)):
-            async with aiofiles.open(target, "rb") as handle:
-                return await handle.read()
+        return await anyio.to_thread.run_sync(_read_file, target)
 
     async def list(self, prefix: str = "") -> list[FileInfo]:
         return await anyio.to_thread.run_sync(self._list_sync, prefix)
@@ -242,6 +240,11 @@ def _translate(exc: OSError, where: str) -> StorageError:
     if exc.errno == errno.ENOSPC:
         return StorageError(f"{where}: no space left on the device")
     return StorageError(message)
+
+
+def _read_file(target: Path) -> bytes:
+    with _translated(str(target)), open(target, "rb", buffering=0) as handle:
+        return handle.read()  # FileIO.readall: sized by fstat, grows if the file does
 
 
 @contextlib.contextmanager
