@@ -73,6 +73,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     hdfs_large = next((r for r in _get(hdfs, "rows") or [] if r["size_mb"] == 128), None)
     lag = _get(core, "event_loop_lag", "tracker_summary", "max_ms")
     memory = _get(core, "memory")
+    ack_p50 = _get(ray, "results", "trajtrack.ray acknowledged", "latency", "p50_us")
+    pipe_p50 = _get(ray, "results", "trajtrack.ray pipelined", "latency", "p50_us")
+    diff = results.get("diff")
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None or b == 0 else a / b
@@ -105,6 +108,32 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "",
         ),
         ("128 MB MB/s vs raw WebHDFS write", _get(hdfs_large, "ratio"), 0.8, ""),
+        ("Ray acknowledged p50 vs verl, 4 KB", ratio(verl_p50, ack_p50), 3, "x lower"),
+        ("Ray pipelined p50 vs verl, 4 KB", ratio(verl_p50, pipe_p50), 20, "x lower"),
+        (
+            "diff identical runs vs storage read, cold cache",
+            _get(diff, "cold_cache", "diff_vs_raw_storage"),
+            0.5,
+            "",
+        ),
+        (
+            "diff all-different runs vs storage read, cold",
+            _get(diff, "cold_cache", "diff_full_compare_vs_raw_storage"),
+            0.5,
+            "",
+        ),
+        (
+            "diff identical runs vs storage read, warm cache",
+            _get(diff, "diff_vs_raw_storage"),
+            0.5,
+            "",
+        ),
+        (
+            "diff all-different runs vs storage read, warm",
+            _get(diff, "diff_full_compare_vs_raw_storage"),
+            0.5,
+            "",
+        ),
         ("event-loop max lag, 256 MB dumps (ms, worst)", _get(lag, "max"), 20, "ms <="),
         (
             "peak RSS vs baseline+budget+payload+100 MB",
