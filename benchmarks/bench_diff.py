@@ -40,8 +40,13 @@ import anyio
 import torch
 
 import trajtrack
+from trajtrack._names import is_internal_path
 from trajtrack._reader import gather_bounded
+from trajtrack.backends import open_storage
 from trajtrack.backends.local import LocalStorage
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._common import cluster_env, with_hdfs_cluster
 
 RESULTS = Path(__file__).parent / "results" / "diff.json"
 
@@ -49,7 +54,7 @@ RESULTS = Path(__file__).parent / "results" / "diff.json"
 class CountingStorage:
     """Wraps a storage and counts reads per path."""
 
-    def __init__(self, inner: LocalStorage) -> None:
+    def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.reads: Counter[str] = Counter()
 
@@ -61,9 +66,11 @@ class CountingStorage:
         return await self.inner.read(path)
 
 
-async def write_run(dest: Path, dumps: int, size: int, perturb: bool = False) -> None:
+async def write_run(
+    dest: Path | str, dumps: int, size: int, perturb: bool = False, workers: int = 4
+) -> None:
     elements = size // 4
-    async with trajtrack.Tracker(str(dest), workers=4) as tracker:
+    async with trajtrack.Tracker(str(dest), workers=workers) as tracker:
         for i in range(dumps):
             gen = torch.Generator().manual_seed(i)
             x = torch.randn(elements, generator=gen)
@@ -114,6 +121,86 @@ async def run_diff(a: Path, b: Path, concurrency: int) -> tuple[float, Any, Coun
     return elapsed, result, reads
 
 
+# --------------------------------------------------------------------------- on HDFS
+
+HDFS_DUMPS = 200  # per run (--quick: 50): Hadoop 2.7 closes a file in ~300 ms
+
+
+async def read_all(urls: list[str], concurrency: int) -> tuple[float, int]:
+    """Every dump of the runs at *urls*, read through the storage backend, in parallel."""
+    items: list[tuple[Any, str]] = []
+    storages = [open_storage(url) for url in urls]
+    try:
+        for storage in storages:
+            infos = await storage.list("")
+            items += [
+                (storage, info.path)
+                for info in infos
+                if info.path.endswith(".pth") and not is_internal_path(info.path)
+            ]
+
+        async def one(item: tuple[Any, str]) -> int:
+            return len(await item[0].read(item[1]))
+
+        started = time.perf_counter()
+        sizes = await gather_bounded(items, one, limit=concurrency)
+        return time.perf_counter() - started, sum(sizes)
+    finally:
+        for storage in storages:
+            await storage.aclose()
+
+
+async def diff_urls(a: str, b: str, concurrency: int) -> tuple[float, Any, Counter[str]]:
+    sa, sb = CountingStorage(open_storage(a)), CountingStorage(open_storage(b))
+    try:
+        run_a = trajtrack.Run(a, storage=sa, concurrency=concurrency)
+        run_b = trajtrack.Run(b, storage=sb, concurrency=concurrency)
+        started = time.perf_counter()
+        result = await trajtrack.diff_runs(run_a, run_b)
+        elapsed = time.perf_counter() - started
+    finally:
+        await sa.inner.aclose()
+        await sb.inner.aclose()
+    reads = Counter({f"a/{k}": v for k, v in sa.reads.items() if k.endswith(".pth")})
+    reads.update({f"b/{k}": v for k, v in sb.reads.items() if k.endswith(".pth")})
+    return elapsed, result, reads
+
+
+def hdfs_diff(cluster_dir: Path, quick: bool, concurrency: int, repeat: int) -> dict[str, Any]:
+    """The same comparison on the real HDFS test cluster, through the WebHDFS backend."""
+    env = cluster_env(cluster_dir)
+    base = f"{env['WEBHDFS_URL']}/bench-diff-{os.getpid()}"
+    dumps, size = (50 if quick else HDFS_DUMPS), 1 << 20
+    a, b, c = f"{base}/a", f"{base}/b", f"{base}/c"
+    for url, perturb in ((a, False), (b, False), (c, True)):
+        anyio.run(write_run, url, dumps, size, perturb, 16)
+    anyio.run(read_all, [a, b, c], concurrency)  # warm the DataNode's page cache
+    t_read, total = min(anyio.run(read_all, [a, b], concurrency) for _ in range(repeat))
+    same = [anyio.run(diff_urls, a, b, concurrency) for _ in range(repeat)]
+    t_same, result_same, reads_same = min(same, key=lambda d: d[0])
+    other = [anyio.run(diff_urls, a, c, concurrency) for _ in range(repeat)]
+    t_other, result_other, reads_other = min(other, key=lambda d: d[0])
+    mb = total / 1e6
+    rows = {
+        "raw storage (WebHDFS read)": t_read,
+        "diff, identical runs (byte-equal pairs)": t_same,
+        "diff, every dump differs (full compare)": t_other,
+    }
+    return {
+        "dumps_per_run": dumps,
+        "total_bytes": total,
+        "seconds": rows,
+        "mb_per_s": {k: mb / v for k, v in rows.items()},
+        "diff_vs_raw_storage": t_read / t_same,
+        "diff_full_compare_vs_raw_storage": t_read / t_other,
+        "equal": result_same.equal,
+        "different_dumps": result_other.counts()["different"],
+        "each_file_read_once": all(
+            set(r.values()) == {1} and len(r) == 2 * dumps for r in (reads_same, reads_other)
+        ),
+    }
+
+
 def drop_caches() -> bool:
     """Empty the page cache (root only); False when this process may not."""
     os.sync()
@@ -142,6 +229,10 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3, help="best of N for each measurement")
     parser.add_argument("--dir", default=None, help="where to write the runs (default: tmp)")
+    parser.add_argument(
+        "--no-hdfs", action="store_true", help="skip the comparison on the HDFS test cluster"
+    )
+    parser.add_argument("--cluster-dir", type=Path, help="reuse a running HDFS test cluster")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as the trajtrack CLI does: parallel across files, not inside ops
     dumps = args.dumps or (100 if args.quick else 1000)
@@ -182,6 +273,13 @@ def main() -> int:
             }
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    hdfs = None
+    if not args.no_hdfs:
+        hdfs = with_hdfs_cluster(
+            lambda directory, quick: hdfs_diff(directory, quick, args.concurrency, args.repeat),
+            args.cluster_dir,
+            args.quick,
+        )
     mb = total / 1e6
     rows = {
         "raw threads (open/read)": t_raw,
@@ -216,6 +314,7 @@ def main() -> int:
         }
         if cold_rows
         else None,
+        "hdfs": hdfs,
         "diff_equal": result.equal,
         "diff_files_read": sum(reads.values()),
         "diff_each_file_read_once": len(reads) == len(paths) and set(reads.values()) == {1},
@@ -240,6 +339,16 @@ def main() -> int:
             print(f"{name:<38} {seconds:9.3f} {mb / seconds:9.0f} {t_cold / seconds:14.0%}")
     else:
         print("cold page cache: not measured (dropping the page cache needs root)")
+    if hdfs is not None:
+        hdfs_mb = hdfs["total_bytes"] / 1e6
+        t_read = hdfs["seconds"]["raw storage (WebHDFS read)"]
+        print(
+            f"HDFS test cluster (WebHDFS, 1 DataNode), 2 runs x {hdfs['dumps_per_run']} dumps, "
+            f"{hdfs_mb:.0f} MB, best of {args.repeat}; each file read once: "
+            f"{hdfs['each_file_read_once']}"
+        )
+        for name, seconds in hdfs["seconds"].items():
+            print(f"{name:<38} {seconds:9.3f} {hdfs_mb / seconds:9.0f} {t_read / seconds:14.0%}")
     print(
         f"diff read each file once: {report['diff_each_file_read_once']} "
         f"({report['diff_files_read']} reads of {len(paths)} files); equal: {result.equal}"
