@@ -123,6 +123,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "",
         ),
         (
+            "diff all-different runs vs WebHDFS read",
+            _get(diff, "hdfs", "diff_full_compare_vs_raw_storage"),
+            0.5,
+            "",
+        ),
+        (
             "diff identical runs vs storage read, warm cache",
             _get(diff, "diff_vs_raw_storage"),
             0.5,

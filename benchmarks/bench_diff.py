@@ -17,6 +17,11 @@ The same four measurements are repeated with a COLD page cache (``sync`` and
 is the disk itself, which is what "the storage's read bandwidth" means for a real run directory
 that is not already in memory. A warm cache measures the reader against memory copies.
 
+Then the same comparison on the real HDFS test cluster (``scripts/hdfs-test-cluster.sh``,
+started here unless ``--cluster-dir`` names a running one; ``--no-hdfs`` skips it): three runs
+of 200 dumps (``--quick``: 50) of 1 MB written through the WebHDFS backend, the storage's
+parallel read of two of them against ``diff`` of identical and of all-different runs.
+
 Prints a table and writes ``benchmarks/results/diff.json``. The goal: diff >= 50% of the raw
 storage read bandwidth.
 """
