@@ -130,6 +130,32 @@ def test_backpressure_bounds_what_is_unacknowledged_and_times_out(
     assert ray.get(gate.received.remote(), timeout=RAY_TIMEOUT)[-1] == "held/6"
 
 
+def test_a_pipelined_dump_goes_to_the_actor_configured_when_it_was_made(
+    gate: Any, tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import ray
+
+    import trajtrack.ray as tr
+
+    first = tracker_env["name"]  # the gate holds the first batch: the rest stays buffered
+    for i in range(4):
+        tr.dump_data({"i": i}, f"gated/{i}", wait=False)
+    other = f"{first}-other"
+    monkeypatch.setenv("TRAJTRACK_RAY_ACTOR", other)  # e.g. a library that switches actors
+    monkeypatch.setenv("VERL_TRACKER_HDFS_DIR", str(tmp_path / "other"))
+    try:
+        tr.dump_data({"i": 9}, "elsewhere", wait=False)
+        ray.get(gate.open.remote(), timeout=RAY_TIMEOUT)
+        tr.wait_for_own_dumps(timeout=RAY_TIMEOUT)
+        received = ray.get(gate.received.remote(), timeout=RAY_TIMEOUT)
+        assert received == [f"gated/{i}" for i in range(4)]  # none went to the other actor
+        tr.flush(timeout=RAY_TIMEOUT)
+        assert (tmp_path / "other" / "elsewhere.pth").exists()
+        assert not (tmp_path / "other" / "gated").exists()
+    finally:
+        tr.shutdown(timeout=RAY_TIMEOUT, name=other)
+
+
 def test_errors_of_many_pipelined_dumps_surface_once(
     ray_cluster: Any, tracker_env: dict[str, Any]
 ) -> None:

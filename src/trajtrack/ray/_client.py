@@ -384,10 +384,11 @@ def dump_data(data: Any, name: str, *, wait: bool | None = None) -> None:
         _send_acknowledged(data, name)
         return
     max_items, max_bytes, full_timeout = _limits()
-    if (_actor_name(None), _namespace(None)) not in _cache:
-        _current_actor()  # look up / create in the caller: a bad setup raises here
+    actor = (_actor_name(None), _namespace(None))  # bound now, not when the sender sends
+    if actor not in _cache:
+        _current(*actor)  # look up / create in the caller: a bad setup raises here
     snapshot, nbytes = _snapshot(data)
-    _sender.put(snapshot, nbytes, name, _who(), max_items, max_bytes, full_timeout)
+    _sender.put(snapshot, nbytes, name, _who(), actor, max_items, max_bytes, full_timeout)
 
 
 def _snapshot(data: Any) -> tuple[bytes | ObjectPayload, int]:
@@ -444,6 +445,7 @@ class _Item:
     nbytes: int
     name: str
     who: Who
+    actor: tuple[str, str]  # (name, namespace), as configured when dump_data was called
 
 
 @dataclass
@@ -493,6 +495,7 @@ class _Sender:
         nbytes: int,
         name: str,
         who: Who,
+        actor: tuple[str, str],
         max_items: int,
         max_bytes: int,
         timeout: float,
@@ -510,7 +513,7 @@ class _Sender:
                             f"{FULL_TIMEOUT_VAR} to wait longer); {name!r} was not sent"
                         )
                     self._settled.wait(left)
-            self._buffer.append(_Item(self._next_seq, payload, nbytes, name, who))
+            self._buffer.append(_Item(self._next_seq, payload, nbytes, name, who, actor))
             self._next_seq += 1
             self._items += 1
             self._bytes += nbytes
@@ -574,6 +577,7 @@ class _Sender:
             and len(items) < BATCH_MAX_ITEMS
             and nbytes + self._buffer[0].nbytes <= BATCH_MAX_BYTES
             and self._buffer[0].who == items[0].who
+            and self._buffer[0].actor == items[0].actor
         ):
             item = self._buffer.popleft()
             items.append(item)
@@ -587,7 +591,8 @@ class _Sender:
         if not ray.is_initialized():  # never start a Ray instance from this thread
             raise ConfigurationError("Ray was shut down with pipelined trajtrack dumps unsent")
         failures: list[tuple[int, BaseException]] = []
-        cached = _current()
+        actor = items[0].actor  # a batch holds the dumps of one writer for one actor
+        cached = _current(*actor)
         if cached.channel is not None:
             items, failures = self._over_channel(cached, items)
             if not items:
@@ -608,13 +613,13 @@ class _Sender:
             return
         who = items[0].who
         try:
-            ref = _current_actor().dump_many.remote(payloads, names, who)
+            ref = _current_actor(*actor).dump_many.remote(payloads, names, who)
         except ray.exceptions.RayActorError as exc:
             logger.warning("the trajtrack tracker actor is unavailable (%s); looking it up", exc)
-            _forget()
-            ref = _current_actor().dump_many.remote(payloads, names, who)
+            _forget(*actor)
+            ref = _current_actor(*actor).dump_many.remote(payloads, names, who)
         ref.future().add_done_callback(
-            lambda done: self._on_done(batch_id, len(payloads), failures, done)
+            lambda done: self._on_done(batch_id, actor, len(payloads), failures, done)
         )
 
     @staticmethod
@@ -645,6 +650,7 @@ class _Sender:
     def _on_done(
         self,
         batch_id: int,
+        actor: tuple[str, str],
         count: int,
         failures: list[tuple[int, BaseException]],
         done: concurrent.futures.Future[Any],
@@ -654,7 +660,7 @@ class _Sender:
             failures = failures + list(done.result())
         except Exception as exc:  # the whole batch failed
             if isinstance(exc, ray.exceptions.RayActorError):
-                _forget()
+                _forget(*actor)
             failures = failures + [(i, exc) for i in range(count)]
         self._settle(batch_id, failures)
 
