@@ -18,14 +18,16 @@ Protocol (all integers little-endian; one connection serves one writer process):
   JSON skeleton plus raw tensor bytes (:mod:`trajtrack.ray._wire`), which the actor rebuilds
   and serializes in its upload workers. The server admits them to the tracker one after the
   other, in the order they arrive, and answers each with one reply: ``OK``, or ``ERROR``
-  followed by a JSON ``{"type": ..., "message": ...}`` naming the exception. A client may send
+  followed by a JSON ``{"type": ..., "message": ...}`` naming the exception, or ``FATAL`` (the
+  same, after which the server hangs up: a request it cannot read past). A client may send
   several requests before reading their replies (the pipelined sender does); replies come in
   order.
 
-The secret travels only inside Ray's own (authenticated) calls, and it is compared in constant
-time; a connection that does not present it within :data:`HELLO_TIMEOUT` seconds is closed.
-The socket carries dumps one way and status codes the other: nothing received is unpickled or
-executed, by either side (a ``DUMP`` payload is stored as it came, never loaded).
+The secret travels only inside Ray's own calls (authenticated when the cluster uses Ray's token
+authentication), and it is compared in constant time; a connection that does not present it
+within :data:`HELLO_TIMEOUT` seconds is closed. The socket carries dumps one way and status
+codes the other: nothing received is unpickled or executed, by either side (a ``DUMP`` payload
+is stored as it came, never loaded).
 
 This module has no Ray import: the server runs on any asyncio loop, the client in any thread.
 """
