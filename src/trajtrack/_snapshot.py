@@ -136,15 +136,19 @@ class _CopyState:
     cuda_events: list[Any] = field(default_factory=list)
 
 
-def snapshot_plain(obj: Any) -> ObjectPayload:
-    """Copy plain data (see :func:`measure_plain`) so that later mutation cannot reach it."""
+def snapshot_plain(obj: Any, nbytes: int | None = None) -> ObjectPayload:
+    """Copy plain data (see :func:`measure_plain`) so that later mutation cannot reach it.
+
+    *nbytes*: ``measure_plain(obj)`` when the caller already has it (it is not measured again).
+    """
     state = _CopyState()
     try:
         with FORK_GATE.torch_work():
             copy = _copy(obj, state)
     except RuntimeError as exc:  # e.g. a tensor on a device that is gone
         raise SerializationError(f"could not copy a tensor for the snapshot: {exc}") from exc
-    return ObjectPayload(copy, measure_plain(obj), cuda_events=state.cuda_events)
+    size = measure_plain(obj) if nbytes is None else nbytes
+    return ObjectPayload(copy, size, cuda_events=state.cuda_events)
 
 
 def _copy(obj: Any, state: _CopyState) -> Any:

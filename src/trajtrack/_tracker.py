@@ -469,7 +469,7 @@ class Tracker:
     async def _snapshot_async(self, obj: Any) -> Payload:
         nbytes = _plain_size(obj)
         if self._copy_inline(obj, nbytes):
-            return self._plain(obj)
+            return self._plain(obj, nbytes)
         # Serialization (or a big copy) holds the GIL in pieces: never on the event loop.
         return await anyio.to_thread.run_sync(
             self._snapshot_blocking, obj, nbytes, limiter=self._snapshot_limiter
@@ -478,7 +478,7 @@ class Tracker:
     def _snapshot_sync(self, obj: Any) -> Payload:
         nbytes = _plain_size(obj)
         if self._copy_inline(obj, nbytes):
-            return self._plain(obj)
+            return self._plain(obj, nbytes)
         return self._snapshot_blocking(obj, nbytes)
 
     def _copy_inline(self, obj: Any, nbytes: int | None) -> bool:
@@ -498,8 +498,8 @@ class Tracker:
         storage_spool = getattr(self._storage, "spool_dir", None)
         return str(storage_spool or self._spool_dir or tempfile.gettempdir())
 
-    def _plain(self, obj: Any) -> ObjectPayload:
-        payload = snapshot_plain(obj)
+    def _plain(self, obj: Any, nbytes: int | None) -> ObjectPayload:
+        payload = snapshot_plain(obj, nbytes)
         payload.serializer = self._serializer
         return payload
 

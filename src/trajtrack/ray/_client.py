@@ -406,7 +406,7 @@ def _snapshot(data: Any) -> tuple[bytes | ObjectPayload, int]:
     if nbytes > PLAIN_COPY_MAX_BYTES:
         payload = _serialize(data)
         return payload, len(payload)
-    return snapshot_plain(data), nbytes
+    return snapshot_plain(data, nbytes), nbytes
 
 
 def _send_acknowledged(data: Any, name: str) -> None:
