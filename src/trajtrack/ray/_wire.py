@@ -54,6 +54,10 @@ _TORCH_DTYPES: Final = {
 }
 
 
+_NUMPY_OF: Final = {dtype: torch.empty((), dtype=dtype).numpy().dtype for dtype in NUMPY_DTYPES}
+_ITEMSIZE: Final = {dtype: np_dtype.itemsize for dtype, np_dtype in _NUMPY_OF.items()}
+
+
 @dataclass
 class Encoded:
     """An encoded payload: the parts to send, in order, and their total size."""
@@ -277,10 +281,16 @@ class _Decoder:
         dtype_name, shape, buffer, requires_grad = self.tensor_specs[index]
         dtype, dims = _torch_dtype(dtype_name), _shape(shape)
         offset, length = self.spans[int(buffer)]
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = _ITEMSIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
         if math.prod(dims) * itemsize != length:
             raise ValueError("tensor size does not match its buffer")
-        if length:
+        if length and dtype in NUMPY_DTYPES:
+            # Through numpy: these calls hold the GIL, torch's view ops release it (and the
+            # actor's upload threads, serializing earlier dumps, would take it meanwhile).
+            count = length // itemsize
+            flat = np.frombuffer(self.payload, dtype=_NUMPY_OF[dtype], count=count, offset=offset)
+            tensor = torch.from_numpy(flat.reshape(dims))
+        elif length:
             raw = torch.frombuffer(self.payload, dtype=torch.uint8, count=length, offset=offset)
             tensor = raw.view(dtype).reshape(dims)
         else:
