@@ -118,11 +118,12 @@ class TrackerActor:
                 context = ray.get_runtime_context()
                 self._channel = ChannelServer(self._admit_frame, node_id=context.get_node_id())
                 node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-                endpoints = await self._channel.start(tcp_host=node_ip)
-                if endpoints.unix_path is None and endpoints.tcp is None:
+                opened = await self._channel.start(tcp_host=node_ip)
+                if opened.unix_path is None and opened.tcp is None:
                     self._want_channel = False
                     return None
-            endpoints = await self._channel.start(tcp_host=None)  # the ones already open
+            endpoints = self._channel.endpoints
+        assert endpoints is not None  # started above, or by an earlier call
         return endpoints.as_dict()
 
     async def _tracker_now(self) -> Tracker:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -227,12 +228,7 @@ class ChannelCounters:
     errors: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {
-            "connections": self.connections,
-            "refused": self.refused,
-            "dumps": self.dumps,
-            "errors": self.errors,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -279,6 +275,11 @@ class ChannelServer:
                 self._servers.append(server)
                 tcp = (tcp_host, int(server.sockets[0].getsockname()[1]))
         self._endpoints = Endpoints(self.secret, self.node_id, unix_path, tcp)
+        return self._endpoints
+
+    @property
+    def endpoints(self) -> Endpoints | None:
+        """What :meth:`start` opened (``None`` before it ran)."""
         return self._endpoints
 
     async def aclose(self) -> None:

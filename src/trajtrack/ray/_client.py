@@ -420,7 +420,9 @@ def _send_acknowledged(data: Any, name: str) -> None:
             return
         except ChannelBrokenError as exc:  # maybe the actor is gone: the Ray call finds out
             _channel_failed(cached, exc)
-    payload = _serialize(data)
+        payload = on_the_wire if isinstance(on_the_wire, bytes) else _serialize(data)
+    else:
+        payload = _serialize(data)
     who = _who()
     _call_with_retry(lambda actor: ray.get(actor.dump.remote(payload, name, who)))
 

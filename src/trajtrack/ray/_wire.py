@@ -55,7 +55,6 @@ _TORCH_DTYPES: Final = {
 
 
 _NUMPY_OF: Final = {dtype: torch.empty((), dtype=dtype).numpy().dtype for dtype in NUMPY_DTYPES}
-_ITEMSIZE: Final = {dtype: np_dtype.itemsize for dtype, np_dtype in _NUMPY_OF.items()}
 
 
 @dataclass
@@ -281,7 +280,7 @@ class _Decoder:
         dtype_name, shape, buffer, requires_grad = self.tensor_specs[index]
         dtype, dims = _torch_dtype(dtype_name), _shape(shape)
         offset, length = self.spans[int(buffer)]
-        itemsize = _ITEMSIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         if math.prod(dims) * itemsize != length:
             raise ValueError("tensor size does not match its buffer")
         if length and dtype in NUMPY_DTYPES:
