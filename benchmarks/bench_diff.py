@@ -48,7 +48,6 @@ import trajtrack
 from trajtrack._names import is_internal_path
 from trajtrack._reader import gather_bounded
 from trajtrack.backends import open_storage
-from trajtrack.backends.local import LocalStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import cluster_env, with_hdfs_cluster
@@ -100,39 +99,8 @@ def raw_threads(paths: list[Path], concurrency: int) -> tuple[float, int]:
     return time.perf_counter() - started, total
 
 
-async def raw_storage(roots: list[Path], concurrency: int) -> tuple[float, int]:
-    items: list[tuple[LocalStorage, str]] = []
-    for root in roots:
-        storage = LocalStorage(str(root))
-        items += [(storage, p.relative_to(root).as_posix()) for p in files_of(root)]
-
-    async def one(item: tuple[LocalStorage, str]) -> int:
-        return len(await item[0].read(item[1]))
-
-    started = time.perf_counter()
-    sizes = await gather_bounded(items, one, limit=concurrency)
-    return time.perf_counter() - started, sum(sizes)
-
-
-async def run_diff(a: Path, b: Path, concurrency: int) -> tuple[float, Any, Counter[str]]:
-    sa, sb = CountingStorage(LocalStorage(str(a))), CountingStorage(LocalStorage(str(b)))
-    run_a = trajtrack.Run(str(a), storage=sa, concurrency=concurrency)  # type: ignore[arg-type]
-    run_b = trajtrack.Run(str(b), storage=sb, concurrency=concurrency)  # type: ignore[arg-type]
-    started = time.perf_counter()
-    result = await trajtrack.diff_runs(run_a, run_b)
-    elapsed = time.perf_counter() - started
-    reads = Counter({f"a/{k}": v for k, v in sa.reads.items() if k.endswith(".pth")})
-    reads.update({f"b/{k}": v for k, v in sb.reads.items() if k.endswith(".pth")})
-    return elapsed, result, reads
-
-
-# --------------------------------------------------------------------------- on HDFS
-
-HDFS_DUMPS = 200  # per run (--quick: 50): Hadoop 2.7 closes a file in ~300 ms
-
-
 async def read_all(urls: list[str], concurrency: int) -> tuple[float, int]:
-    """Every dump of the runs at *urls*, read through the storage backend, in parallel."""
+    """Every dump of the runs at *urls* (paths or URLs), read through the storage, in parallel."""
     items: list[tuple[Any, str]] = []
     storages = [open_storage(url) for url in urls]
     try:
@@ -169,6 +137,11 @@ async def diff_urls(a: str, b: str, concurrency: int) -> tuple[float, Any, Count
     reads = Counter({f"a/{k}": v for k, v in sa.reads.items() if k.endswith(".pth")})
     reads.update({f"b/{k}": v for k, v in sb.reads.items() if k.endswith(".pth")})
     return elapsed, result, reads
+
+
+# --------------------------------------------------------------------------- on HDFS
+
+HDFS_DUMPS = 200  # per run (--quick: 50): Hadoop 2.7 closes a file in ~300 ms
 
 
 def hdfs_diff(cluster_dir: Path, quick: bool, concurrency: int, repeat: int) -> dict[str, Any]:
@@ -253,12 +226,14 @@ def main() -> int:
         t_raw = min(raw_threads(paths, args.concurrency)[0] for _ in range(args.repeat))
         total = sum(p.stat().st_size for p in paths)
         t_storage = min(
-            anyio.run(raw_storage, [a, b], args.concurrency)[0] for _ in range(args.repeat)
+            anyio.run(read_all, [str(a), str(b)], args.concurrency)[0] for _ in range(args.repeat)
         )
-        diffs = [anyio.run(run_diff, a, b, args.concurrency) for _ in range(args.repeat)]
+        diffs = [anyio.run(diff_urls, str(a), str(b), args.concurrency) for _ in range(args.repeat)]
         t_diff, result, reads = min(diffs, key=lambda d: d[0])
         raw_threads(files_of(c), args.concurrency)  # warm
-        diffs_c = [anyio.run(run_diff, a, c, args.concurrency) for _ in range(args.repeat)]
+        diffs_c = [
+            anyio.run(diff_urls, str(a), str(c), args.concurrency) for _ in range(args.repeat)
+        ]
         t_diff_c, result_c, reads_c = min(diffs_c, key=lambda d: d[0])
         cold_rows: dict[str, float] = {}
         if drop_caches():
@@ -267,13 +242,13 @@ def main() -> int:
                     lambda: raw_threads(paths, args.concurrency), args.repeat
                 )[0],
                 "raw storage (LocalStorage.read)": cold(
-                    lambda: anyio.run(raw_storage, [a, b], args.concurrency), args.repeat
+                    lambda: anyio.run(read_all, [str(a), str(b)], args.concurrency), args.repeat
                 )[0],
                 "diff, identical runs (byte-equal pairs)": cold(
-                    lambda: anyio.run(run_diff, a, b, args.concurrency), args.repeat
+                    lambda: anyio.run(diff_urls, str(a), str(b), args.concurrency), args.repeat
                 )[0],
                 "diff, every dump differs (full compare)": cold(
-                    lambda: anyio.run(run_diff, a, c, args.concurrency), args.repeat
+                    lambda: anyio.run(diff_urls, str(a), str(c), args.concurrency), args.repeat
                 )[0],
             }
     finally:
