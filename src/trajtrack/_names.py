@@ -8,6 +8,7 @@ checked before anything is queued, so a bad name can never write outside the des
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 import string
@@ -45,7 +46,17 @@ def validate_name(name: object) -> str:
     # A str subclass (numpy.str_) is validated and returned as the plain str it holds.
     if not isinstance(name, str):
         raise InvalidNameError(f"dump name must be a str, not {type(name).__name__}")
-    return _validate_str(str.__str__(name))
+    name = str.__str__(name)
+    # The common case in one C call: a short ASCII name that breaks no rule. Every other name
+    # takes the full check (which also words the error).
+    if len(name) <= MAX_COMPONENT_BYTES and name.isascii() and _PLAINLY_SAFE(name):
+        return name
+    return _validate_str(name)
+
+
+_SEGMENT = r"[^./\\\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]*"
+_PLAINLY_SAFE = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*").fullmatch
+"""Non-empty segments that do not start with ``.``, no backslash, no control character."""
 
 
 @lru_cache(maxsize=4096)

@@ -12,11 +12,18 @@ import torch
 
 pytest.importorskip("ray")
 
-from trajtrack.ray._wire import ALIGN, NotPlainError, decode, encode
+from trajtrack.ray._wire import (
+    ALIGN,
+    COPY_HOLDING_GIL_MAX_BYTES,
+    NotPlainError,
+    capture,
+    decode,
+    encode,
+)
 
 
-def _roundtrip(obj: Any) -> Any:
-    encoded = encode(obj)
+def _roundtrip(obj: Any, *, copy: bool = False) -> Any:
+    encoded = capture(obj, copy=copy).encoded()
     payload = bytearray(b"".join(bytes(part) for part in encoded.parts))
     assert len(payload) == encoded.size
     return decode(payload)[0]
@@ -61,12 +68,14 @@ def _same(a: Any, b: Any) -> None:
         torch.float8_e4m3fn,
     ],
 )
-def test_every_common_tensor_dtype_round_trips_exactly(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("copy", [False, True], ids=["in-place", "copied"])
+def test_every_common_tensor_dtype_round_trips_exactly(dtype: torch.dtype, copy: bool) -> None:
     source = (torch.randn(3, 5) * 10).to(dtype) if dtype is not torch.bool else torch.rand(7) > 0.5
-    _same(_roundtrip({"t": source})["t"], source)
+    _same(_roundtrip({"t": source}, copy=copy)["t"], source)
 
 
-def test_a_nested_rollout_like_batch_round_trips() -> None:
+@pytest.mark.parametrize("copy", [False, True], ids=["in-place", "copied"])
+def test_a_nested_rollout_like_batch_round_trips(copy: bool) -> None:
     shared = torch.randn(4, 4)
     obj = {
         "obs": torch.randn(2, 3, 4)[:, ::2],  # non-contiguous
@@ -89,7 +98,7 @@ def test_a_nested_rollout_like_batch_round_trips() -> None:
         None: "none key",
         b"k": "bytes key",
     }
-    out = _roundtrip(obj)
+    out = _roundtrip(obj, copy=copy)
     _same(out, {**obj, "obs": obj["obs"].contiguous(), "ids": obj["ids"].contiguous()})
     assert out["same"][0] is out["same"][1][0]  # a tensor sent twice stays one tensor
 
@@ -118,6 +127,40 @@ def test_the_encoder_sends_the_tensors_own_memory_without_a_copy() -> None:
     assert len(views) == 1
     tensor[0] = 99.0  # the acknowledged path sends before it returns: it sees the memory
     assert np.frombuffer(views[0], dtype=np.float32)[0] == 99.0
+
+
+def test_a_copied_capture_is_a_snapshot() -> None:
+    """``capture(copy=True)`` (the pipelined dump): changing the data afterwards, in place,
+    changes nothing that is sent; small copies (held GIL) and large ones (numpy) alike."""
+    big = COPY_HOLDING_GIL_MAX_BYTES // 4 + 1
+    obj = {
+        "small": torch.arange(10, dtype=torch.float32),
+        "large": torch.arange(big, dtype=torch.float32),
+        "strided": torch.arange(20).reshape(4, 5).t(),
+        "bf16": torch.ones(6, dtype=torch.bfloat16),
+        "grad": torch.zeros(3, requires_grad=True),
+        "np": np.arange(8)[::2],
+        "np_large": np.zeros(big, dtype=np.float32),
+    }
+    expected = {
+        key: value.detach().clone() if isinstance(value, torch.Tensor) else value.copy()
+        for key, value in obj.items()
+    }
+    captured = capture(obj, copy=True)
+    with torch.no_grad():
+        for key in ("small", "large", "strided", "bf16", "grad"):
+            obj[key].add_(1)
+    obj["np"] += 1
+    obj["np_large"] += 1
+    payload = bytearray(b"".join(bytes(part) for part in captured.encoded().parts))
+    out = decode(payload)[0]
+    for key, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(out[key].detach(), value.contiguous()), key
+        else:
+            np.testing.assert_array_equal(out[key], value)
+    assert out["grad"].requires_grad
+    assert captured.nbytes >= 2 * big * 4
 
 
 class Tag(dict[str, Any]):

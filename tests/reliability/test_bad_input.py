@@ -10,6 +10,7 @@ works (root in this sandbox), real read-only bind mounts and a real 1 MB tmpfs a
 from __future__ import annotations
 
 import errno
+import random
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -90,6 +91,35 @@ async def test_invalid_names_are_refused_before_anything_is_written(
     await _still_usable(started)
     assert _outside(tmp_path, tmp_path / "dest") == []
     assert set(final_files(tmp_path / "dest")) == {"after/ok"}
+
+
+def test_the_fast_name_check_agrees_with_the_full_one() -> None:
+    """Short ASCII names skip the full check; on random names built from the characters the
+    rules are about, both must accept and refuse exactly the same names."""
+    from trajtrack._names import _validate_str, validate_name
+
+    rng = random.Random(1234)
+    alphabet = ["a", "b", "0", "_", "-", "~", ".", "/", "\\", "\x00", "\x1f", "\x7f", " ", "é"]
+    verdicts = {True: 0, False: 0}
+    for _ in range(20_000):
+        name = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+        if rng.random() < 0.01:
+            name = name.replace("a", "a" * 300)  # segments over 255 bytes
+        try:
+            _validate_str.__wrapped__(name)
+        except InvalidNameError:
+            full = False
+        else:
+            full = True
+        try:
+            validate_name(name)
+        except InvalidNameError:
+            fast = False
+        else:
+            fast = True
+        assert fast == full, name
+        verdicts[full] += 1
+    assert verdicts[True] > 1000 and verdicts[False] > 1000  # both kinds were exercised
 
 
 @pytest.mark.parametrize("name", NOT_STRINGS, ids=lambda n: type(n).__name__)

@@ -28,6 +28,7 @@ import concurrent.futures
 import io
 import logging
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from trajtrack._environ import getenv
 from trajtrack._exceptions import ConfigurationError, SerializationError
 from trajtrack._names import WriterIdentity, validate_name
 from trajtrack._shim import _destination_from_env, _exit_timeout_from_env, is_enabled
@@ -50,7 +52,7 @@ from trajtrack._tracker import add_note
 from trajtrack.backends import scheme_of
 from trajtrack.ray._actor import TrackerActor
 from trajtrack.ray._channel import ChannelBrokenError, ChannelClient, Endpoints, Payload, Who
-from trajtrack.ray._wire import encode
+from trajtrack.ray._wire import Captured, capture, decode, encode
 
 __all__ = [
     "DEFAULT_ACTOR_NAME",
@@ -105,11 +107,11 @@ _RemoteTrackerActor = ray.remote(TrackerActor)
 
 
 def _actor_name(name: str | None) -> str:
-    return name or os.environ.get(ACTOR_NAME_VAR) or DEFAULT_ACTOR_NAME
+    return name or getenv(ACTOR_NAME_VAR) or DEFAULT_ACTOR_NAME
 
 
 def _namespace(namespace: str | None) -> str:
-    return namespace or os.environ.get(NAMESPACE_VAR) or DEFAULT_NAMESPACE
+    return namespace or getenv(NAMESPACE_VAR) or DEFAULT_NAMESPACE
 
 
 def _absolute(destination: str) -> str:
@@ -214,6 +216,7 @@ def _current(name: str | None = None, namespace: str | None = None) -> _Cached:
         cached = _cache.get(key)
         if cached is not None and cached.job_id == ray.get_runtime_context().get_job_id():
             return cached  # another thread looked it up meanwhile
+        _limits()  # a bad setting fails the first dump, not only the first one that waits
         handle = get_trajectory_tracker(name=key[0], namespace=key[1])
         info = ray.get(handle.ready.remote())  # once per process: surfaces a bad destination
         _warn_if_other_destination(info, key)
@@ -287,18 +290,28 @@ def _who() -> Who:
 # --------------------------------------------------------------------------- dumping
 
 
-def _serialized(payload: bytes | ObjectPayload) -> bytes:
+_Snapshot = bytes | ObjectPayload | Captured
+"""A pipelined dump in the send buffer: serialized, copied objects, or captured plain data."""
+
+
+def _serialized(payload: _Snapshot) -> bytes:
+    """A pipelined snapshot as a Ray call carries it: ``torch.save`` bytes."""
     if isinstance(payload, bytes):
         return payload
+    if isinstance(payload, Captured):  # captured for a channel that has failed since
+        encoded = b"".join(payload.encoded().parts)
+        payload = ObjectPayload(decode(bytearray(encoded))[0], payload.nbytes)
     buffer = io.BytesIO()
     payload.write_to(buffer)
     return buffer.getvalue()
 
 
-def _on_the_wire(payload: bytes | ObjectPayload) -> Payload:
+def _on_the_wire(payload: _Snapshot) -> Payload:
     """A pipelined snapshot as the channel sends it: plain data encoded, else serialized."""
     if isinstance(payload, bytes):
         return payload
+    if isinstance(payload, Captured):
+        return payload.encoded()
     try:
         return encode(payload.materialize())
     except NotPlainError:
@@ -328,11 +341,11 @@ def _serialize(obj: Any) -> bytes:
 
 
 def _pipelined_by_default() -> bool:
-    return os.environ.get(PIPELINED_VAR) == "1"
+    return getenv(PIPELINED_VAR) == "1"
 
 
 def _positive_from_env(var: str, default: float, kind: type[int] | type[float]) -> Any:
-    raw = os.environ.get(var)
+    raw = getenv(var)
     if not raw:
         return default
     try:
@@ -383,21 +396,33 @@ def dump_data(data: Any, name: str, *, wait: bool | None = None) -> None:
     if wait:
         _send_acknowledged(data, name)
         return
-    max_items, max_bytes, full_timeout = _limits()
     actor = (_actor_name(None), _namespace(None))  # bound now, not when the sender sends
-    if actor not in _cache:
-        _current(*actor)  # look up / create in the caller: a bad setup raises here
-    snapshot, nbytes = _snapshot(data)
-    _sender.put(snapshot, nbytes, name, _who(), actor, max_items, max_bytes, full_timeout)
+    cached = _cache.get(actor)
+    if cached is None:
+        cached = _current(*actor)  # look up / create in the caller: a bad setup raises here
+    snapshot, nbytes = _snapshot(data, channel=cached.channel is not None)
+    _sender.put(snapshot, nbytes, name, _who(), actor)
 
 
-def _snapshot(data: Any) -> tuple[bytes | ObjectPayload, int]:
-    """Pipelined: copy plain data (cheap; serialized later by the sender), else serialize.
+def _snapshot(data: Any, *, channel: bool) -> tuple[_Snapshot, int]:
+    """Pipelined: a copy of *data* that later mutation cannot reach.
 
-    Plain data (nested dicts/lists/tuples of tensors, arrays and scalars) is copied as the core
-    tracker does, so mutating it after ``dump_data`` returns changes nothing; anything else is
-    serialized right here.
+    * Plain data (nested dicts/lists/tuples of tensors, arrays and scalars) on the CPU, for
+      the channel, is taken apart for the wire right here with its tensors' bytes copied (no
+      serializer, nothing laid out): the sender thread encodes and writes it.
+    * Other plain data is copied as the core tracker does (a CUDA tensor without making the
+      caller wait for the device), and encoded or serialized by the sender thread.
+    * Anything else is serialized right here.
     """
+    if channel:
+        try:
+            captured = capture(data, copy=True)
+        except NotPlainError:
+            pass  # not plain data, or a tensor on a device: as below
+        except RuntimeError as exc:
+            raise SerializationError(f"could not read a tensor for the dump: {exc}") from exc
+        else:
+            return captured, captured.nbytes
     try:
         nbytes = measure_plain(data)
     except NotPlainError:
@@ -440,10 +465,10 @@ def _call_with_retry(call: Any) -> Any:
 # --------------------------------------------------------------------------- pipelined mode
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     seq: int
-    payload: bytes | ObjectPayload  # a plain-data copy is serialized by the sender thread
+    payload: _Snapshot
     nbytes: int
     name: str
     who: Who
@@ -473,8 +498,11 @@ class _Sender:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)  # the sender thread waits here
         self._settled = threading.Condition(self._lock)  # callers and waiters wait here
+        # The idle sender thread blocks on this queue; whoever gives it work while it sleeps
+        # puts one token (a C call: cheaper for the caller than ``Condition.notify``).
+        self._wakeup: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._sleeping = False
         self._buffer: collections.deque[_Item] = collections.deque()
         self._batches: dict[int, _Batch] = {}
         self._next_seq = 0
@@ -493,35 +521,38 @@ class _Sender:
 
     def put(
         self,
-        payload: bytes | ObjectPayload,
+        payload: _Snapshot,
         nbytes: int,
         name: str,
         who: Who,
         actor: tuple[str, str],
-        max_items: int,
-        max_bytes: int,
-        timeout: float,
     ) -> None:
         with self._lock:
-            if self._items and not self._fits(nbytes, max_items, max_bytes):
-                deadline = time.monotonic() + timeout
-                while self._items and not self._fits(nbytes, max_items, max_bytes):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError(
-                            f"trajtrack.ray: {self._items} pipelined dumps ({self._bytes} bytes) "
-                            f"of this process are still unacknowledged after {timeout:g} s "
-                            f"(limits: {max_items} dumps, {max_bytes} bytes; set "
-                            f"{FULL_TIMEOUT_VAR} to wait longer); {name!r} was not sent"
-                        )
-                    self._settled.wait(left)
+            if self._items:  # with nothing in flight, the bound cannot hold a dump back
+                self._wait_for_room_locked(nbytes, name)
             self._buffer.append(_Item(self._next_seq, payload, nbytes, name, who, actor))
             self._next_seq += 1
             self._items += 1
             self._bytes += nbytes
             if self._thread is None:
                 self._start_locked()
-            self._work.notify()
+            self._wake_locked()
+
+    def _wait_for_room_locked(self, nbytes: int, name: str) -> None:
+        max_items, max_bytes, timeout = _limits()  # as the environment says now
+        if self._fits(nbytes, max_items, max_bytes):
+            return
+        deadline = time.monotonic() + timeout
+        while self._items and not self._fits(nbytes, max_items, max_bytes):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"trajtrack.ray: {self._items} pipelined dumps ({self._bytes} bytes) "
+                    f"of this process are still unacknowledged after {timeout:g} s "
+                    f"(limits: {max_items} dumps, {max_bytes} bytes; set "
+                    f"{FULL_TIMEOUT_VAR} to wait longer); {name!r} was not sent"
+                )
+            self._settled.wait(left)
 
     def _fits(self, nbytes: int, max_items: int, max_bytes: int) -> bool:
         return self._items < max_items and self._bytes + nbytes <= max_bytes
@@ -560,12 +591,22 @@ class _Sender:
 
     # ------------------------------------------------------------------ the sender thread
 
+    def _wake_locked(self) -> None:
+        if self._sleeping:
+            self._sleeping = False
+            self._wakeup.put(None)
+
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._buffer or len(self._batches) >= MAX_BATCHES_IN_FLIGHT:
-                    self._work.wait()
-                batch_id, items = self._take_locked()
+                idle = not self._buffer or len(self._batches) >= MAX_BATCHES_IN_FLIGHT
+                if idle:
+                    self._sleeping = True
+                else:
+                    batch_id, items = self._take_locked()
+            if idle:
+                self._wakeup.get()
+                continue
             try:
                 self._send(batch_id, items)
             except BaseException as exc:  # the thread must survive anything: report it
@@ -680,7 +721,7 @@ class _Sender:
                 if self._error is None:
                     self._error = failures[0][1]
             self._settled.notify_all()
-            self._work.notify()
+            self._wake_locked()
 
 
 _sender = _Sender()

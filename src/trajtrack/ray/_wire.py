@@ -40,7 +40,7 @@ import torch
 
 from trajtrack._snapshot import NUMPY_DTYPES, NotPlainError, measure_plain
 
-__all__ = ["Encoded", "NotPlainError", "decode", "encode"]
+__all__ = ["Captured", "Encoded", "NotPlainError", "capture", "decode", "encode"]
 
 VERSION: Final = 1
 ALIGN: Final = 64
@@ -66,41 +66,93 @@ class Encoded:
     keep: list[Any] = field(default_factory=list)  # what the memoryviews point into
 
 
-@dataclass
+_DTYPE_NAMES: Final = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+_JSON: Final = json.JSONEncoder(separators=(",", ":"))
+COPY_HOLDING_GIL_MAX_BYTES: Final = 256 << 10
+"""A captured copy up to this size is taken as ``bytes`` (holds the GIL: no wait to get it
+back); larger ones with numpy, which releases the GIL while it copies."""
+
+
+class Captured:
+    """Plain data taken apart for the wire: the skeleton's nodes and the buffers.
+
+    :meth:`encoded` lays it out; with ``capture(obj, copy=True)`` the buffers are this object's
+    own copies, so that work can wait for another thread while *obj* changes.
+    """
+
+    __slots__ = ("buffers", "keep", "root", "tensors")
+
+    def __init__(self, root: Any, tensors: list[list[Any]], buffers: list[Any], keep: list[Any]):
+        self.root = root
+        self.tensors = tensors
+        self.buffers = buffers  # memoryviews (1-D, bytes), or bytes
+        self.keep = keep  # what the memoryviews point into
+
+    @property
+    def nbytes(self) -> int:
+        """The buffers' size, plus a little for the skeleton (for memory budgets)."""
+        return sum(len(buffer) for buffer in self.buffers) + 64 * (1 + len(self.tensors))
+
+    def encoded(self) -> Encoded:
+        lengths = [len(buffer) for buffer in self.buffers]
+        skeleton = _JSON.encode(
+            {"v": VERSION, "root": self.root, "tensors": self.tensors, "buffers": lengths}
+        ).encode()
+        head = _LENGTH.pack(len(skeleton)) + skeleton
+        encoded = Encoded([head], len(head), self.keep)
+        for buffer, length in zip(self.buffers, lengths, strict=True):
+            padding = _aligned(encoded.size) - encoded.size
+            if padding:
+                encoded.parts.append(bytes(padding))
+            if length:
+                encoded.parts.append(buffer)
+            encoded.size += padding + length
+        return encoded
+
+
 class _Encoder:
-    buffers: list[memoryview] = field(default_factory=list)
-    tensors: list[list[Any]] = field(default_factory=list)
-    tensor_ids: dict[int, int] = field(default_factory=dict)
-    keep: list[Any] = field(default_factory=list)  # what the memoryviews point into
+    __slots__ = ("buffers", "copy", "keep", "tensor_ids", "tensors")
+
+    def __init__(self, copy: bool) -> None:
+        self.copy = copy
+        self.buffers: list[Any] = []
+        self.tensors: list[list[Any]] = []
+        self.tensor_ids: dict[int, int] = {}
+        self.keep: list[Any] = []  # what the memoryviews point into
 
     def node(self, obj: Any, depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise NotPlainError("nesting too deep")
         kind = type(obj)
-        if kind in _SCALARS:
-            return obj
         if kind is torch.Tensor:
             return ["T", self.tensor(obj)]
         if kind is dict:
             return ["M", [[self.key(k), self.node(v, depth + 1)] for k, v in obj.items()]]
+        if kind in _SCALARS:
+            return obj
         if kind is list:
             return ["L", [self.node(v, depth + 1) for v in obj]]
         if kind is tuple:
             return ["U", [self.node(v, depth + 1) for v in obj]]
         if kind is np.ndarray:
-            return self.array(obj)
-        if kind is bytes:
-            return ["b", self.buffer(memoryview(obj))]
+            dtype = _plain_numpy_dtype(obj.dtype)
+            return ["A", dtype, list(obj.shape), self.array(obj)]
+        if kind is bytes:  # immutable: never copied
+            self.buffers.append(obj)
+            return ["b", len(self.buffers) - 1]
         if kind is complex:
             return ["c", obj.real, obj.imag]
         if kind is torch.dtype:
             return ["D", str(obj).removeprefix("torch.")]
         if isinstance(obj, np.generic) and type(obj).__module__ == "numpy":
             dtype = _plain_numpy_dtype(obj.dtype)
-            return ["g", dtype, self.buffer(np.asarray(obj).reshape(1).view(np.uint8).data)]
+            self.buffers.append(np.asarray(obj).tobytes())  # a new array: never shared
+            return ["g", dtype, len(self.buffers) - 1]
         raise NotPlainError(kind.__name__)
 
     def key(self, key: Any) -> Any:
+        if type(key) is str:
+            return key
         if type(key) in _SCALARS or type(key) is complex or type(key) is bytes:
             return self.node(key, 0)
         raise NotPlainError(f"dict key of type {type(key).__name__}")
@@ -109,45 +161,57 @@ class _Encoder:
         index = self.tensor_ids.get(id(tensor))
         if index is not None:
             return index
+        # The common case in one call that holds the GIL: ``numpy()`` accepts exactly the
+        # strided CPU tensors without autograd, conjugate or negative bit whose dtype numpy
+        # has (it raises for everything else). torch's own checks (``is_conj``, ``detach``,
+        # ``view``...) each release the GIL, and a thread waiting for it can hold the caller up
+        # for a whole switch interval.
+        try:
+            array = tensor.numpy()
+            shape = array.shape
+        except (RuntimeError, TypeError):
+            array, shape = self._general_tensor(tensor, self.copy)
+        index = self.tensor_ids[id(tensor)] = len(self.tensors)
+        spec = [_DTYPE_NAMES[tensor.dtype], list(shape), 0, tensor.requires_grad]
+        self.tensors.append(spec)
+        spec[2] = self.array(array)
+        return index
+
+    @staticmethod
+    def _general_tensor(
+        tensor: torch.Tensor, copy: bool
+    ) -> tuple[np.ndarray[Any, Any], tuple[int, ...]]:
+        """Any other tensor encoding carries: a numpy array of its bytes, and its shape."""
         if tensor.layout is not torch.strided or tensor.is_quantized or tensor.is_meta:
             raise NotPlainError("special tensor")
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        if _TORCH_DTYPES.get(dtype) is not tensor.dtype:
+        if tensor.dtype not in _DTYPE_NAMES:
             raise NotPlainError(f"tensor dtype {tensor.dtype}")
         source = tensor.detach()
         if source.device.type != "cpu":
+            if copy:  # a device-to-host copy here would wait for the device: see capture()
+                raise NotPlainError(f"tensor on {source.device}")
             source = source.to("cpu")
         if source.is_conj() or source.is_neg():
             source = source.resolve_conj().resolve_neg()
         if not source.is_contiguous():
             source = source.contiguous()
         try:
-            if source.dtype in NUMPY_DTYPES:  # numpy views hold the GIL; torch's view ops don't
-                raw = source.numpy().reshape(-1).view(np.uint8)
-            else:
-                raw = source.reshape(-1).view(torch.uint8).numpy()
+            if source.dtype in NUMPY_DTYPES:
+                return source.numpy(), tuple(source.shape)
+            return source.reshape(-1).view(torch.uint8).numpy(), tuple(source.shape)
         except (RuntimeError, TypeError) as exc:  # e.g. sub-byte dtypes
             raise NotPlainError(f"tensor dtype {tensor.dtype}: {exc}") from None
-        self.keep.append(source)
-        index = self.tensor_ids[id(tensor)] = len(self.tensors)
-        self.tensors.append(
-            [dtype, list(source.shape), self.buffer(raw.data), tensor.requires_grad]
-        )
-        return index
 
-    def array(self, array: np.ndarray[Any, Any]) -> list[Any]:
-        dtype = _plain_numpy_dtype(array.dtype)
-        source = np.ascontiguousarray(array)
-        self.keep.append(source)
-        return [
-            "A",
-            dtype,
-            list(source.shape),
-            self.buffer(source.reshape(-1).view(np.uint8).data),
-        ]
-
-    def buffer(self, view: memoryview) -> int:
-        self.buffers.append(view.cast("B") if view.ndim != 1 or view.format != "B" else view)
+    def array(self, array: np.ndarray[Any, Any]) -> int:
+        """Add the array's bytes in C order as the next buffer; return its index."""
+        if not self.copy:
+            source = np.ascontiguousarray(array)  # a copy only if strided
+            self.keep.append(source)
+            self.buffers.append(source.reshape(-1).view(np.uint8).data)
+        elif array.nbytes <= COPY_HOLDING_GIL_MAX_BYTES:
+            self.buffers.append(array.tobytes())
+        else:
+            self.buffers.append(np.array(array, order="C").reshape(-1).view(np.uint8).data)
         return len(self.buffers) - 1
 
 
@@ -157,32 +221,34 @@ def _plain_numpy_dtype(dtype: np.dtype[Any]) -> str:
     return str(dtype.str)
 
 
+def capture(obj: Any, *, copy: bool = False) -> Captured:
+    """Take plain data apart for :meth:`Captured.encoded`.
+
+    Args:
+        obj: Plain data.
+        copy: Copy every tensor's and array's bytes (a snapshot: *obj* may change afterwards).
+            Without it the buffers point into *obj*'s memory.
+
+    Raises:
+        NotPlainError: *obj* is not plain data this encoding carries exactly; with *copy*,
+            also when it holds a tensor that is not on the CPU (a snapshot of that is better
+            taken without waiting for the device: :func:`trajtrack._snapshot.snapshot_plain`).
+    """
+    encoder = _Encoder(copy)
+    root = encoder.node(obj, 0)
+    return Captured(root, encoder.tensors, encoder.buffers, encoder.keep)
+
+
 def encode(obj: Any) -> Encoded:
     """Encode plain data without copying the tensors' bytes (the parts point into them).
 
     The caller must keep *obj* unchanged until the parts are sent (the acknowledged dump
-    sends before it returns; the pipelined sender encodes its own snapshot copy).
+    sends before it returns; the pipelined one sends a :func:`capture` copy).
 
     Raises:
         NotPlainError: *obj* is not plain data this encoding carries exactly.
     """
-    encoder = _Encoder()
-    root = encoder.node(obj, 0)
-    lengths = [view.nbytes for view in encoder.buffers]
-    skeleton = json.dumps(
-        {"v": VERSION, "root": root, "tensors": encoder.tensors, "buffers": lengths},
-        separators=(",", ":"),
-    ).encode()
-    head = _LENGTH.pack(len(skeleton)) + skeleton
-    encoded = Encoded([head], len(head), encoder.keep)
-    for view, length in zip(encoder.buffers, lengths, strict=True):
-        padding = _aligned(encoded.size) - encoded.size
-        if padding:
-            encoded.parts.append(bytes(padding))
-        if length:
-            encoded.parts.append(view)
-        encoded.size += padding + length
-    return encoded
+    return capture(obj).encoded()
 
 
 def _aligned(position: int) -> int:
