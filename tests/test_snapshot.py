@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from trajtrack._snapshot import SMALL_COPY_MAX_BYTES, _small_copy, snapshot_plain
+from trajtrack._exceptions import SerializationError
+from trajtrack._snapshot import (
+    SMALL_COPY_MAX_BYTES,
+    DeferredPayload,
+    _small_copy,
+    snapshot_plain,
+)
 
 
 @pytest.mark.parametrize(
@@ -70,3 +77,24 @@ def test_a_snapshot_keeps_values_dtypes_grad_and_sharing() -> None:
     obj["n"][0] = 99
     assert not torch.equal(copy["a"].detach(), shared.detach())
     assert copy["n"][0] == 0
+
+
+def test_a_deferred_payload_is_made_by_the_writer_once_and_a_failure_is_typed() -> None:
+    calls: list[int] = []
+
+    def make() -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("bytes gone")  # the first write fails...
+        return {"x": torch.arange(3)}
+
+    payload = DeferredPayload(make, 100)
+    with pytest.raises(SerializationError, match="could not rebuild the dump: bytes gone"):
+        payload.write_to(io.BytesIO())
+    first, second = io.BytesIO(), io.BytesIO()
+    payload.write_to(first)  # ...a retry makes it (never saves a missing object)
+    payload.write_to(second)
+    assert len(calls) == 2  # made once it succeeded
+    first.seek(0)
+    assert torch.equal(torch.load(first)["x"], torch.arange(3))
+    assert first.getvalue() == second.getvalue()

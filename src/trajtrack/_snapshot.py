@@ -299,6 +299,29 @@ class ObjectPayload:
             raise SerializationError(f"could not serialize the dump: {exc}") from exc
 
 
+class DeferredPayload(ObjectPayload):
+    """An object made only when the upload worker writes it (in its thread, off the loop).
+
+    The Ray actor admits plain data it received with this: making the tensors is a torch call
+    per tensor, and the caller is waiting for the admission.
+    """
+
+    def __init__(
+        self, make: Callable[[], Any], nbytes: int, *, serializer: Serializer = torch_save
+    ) -> None:
+        super().__init__(None, nbytes, serializer=serializer)
+        self._make: Callable[[], Any] | None = make
+
+    def materialize(self) -> Any:
+        if self._make is not None:
+            try:
+                self.obj = self._make()
+            except (ValueError, RuntimeError, MemoryError) as exc:
+                raise SerializationError(f"could not rebuild the dump: {exc}") from exc
+            self._make = None
+        return self.obj
+
+
 class BytesPayload:
     """A snapshot that is already bytes."""
 

@@ -21,7 +21,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
@@ -51,6 +51,7 @@ from trajtrack._record import DumpRecord, encode_segment, new_writer_id, segment
 from trajtrack._retry import RetryPolicy
 from trajtrack._snapshot import (
     BytesPayload,
+    DeferredPayload,
     NotPlainError,
     ObjectPayload,
     Serializer,
@@ -427,15 +428,16 @@ class Tracker:
         return await self._dump_from(BytesPayload(data), name, who, timeout)
 
     async def _dump_decoded(
-        self, obj: Any, nbytes: int, name: str, who: WriterIdentity
+        self, make: Callable[[], Any], nbytes: int, name: str, who: WriterIdentity
     ) -> DumpHandle:
         """Queue plain data another process sent as raw buffers (the Ray adapter's channel).
 
-        *obj* was rebuilt from received bytes and is owned by the tracker: it is not copied,
-        and the upload worker serializes it with the tracker's serializer.
+        ``make()`` rebuilds the object from the received bytes (owned by the tracker: nothing
+        is copied); the upload worker calls it, then serializes the object with the tracker's
+        serializer.
         """
         return await self._dump_from(
-            ObjectPayload(obj, nbytes, serializer=self._serializer), name, who, None
+            DeferredPayload(make, nbytes, serializer=self._serializer), name, who, None
         )
 
     async def _dump_from(

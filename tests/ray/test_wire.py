@@ -15,10 +15,12 @@ pytest.importorskip("ray")
 from trajtrack.ray._wire import (
     ALIGN,
     COPY_HOLDING_GIL_MAX_BYTES,
+    VIEW_MIN_BYTES,
     NotPlainError,
     capture,
     decode,
     encode,
+    parse,
 )
 
 
@@ -121,7 +123,7 @@ def test_decoded_tensors_share_the_payload_not_a_copy() -> None:
 
 
 def test_the_encoder_sends_the_tensors_own_memory_without_a_copy() -> None:
-    tensor = torch.arange(4096, dtype=torch.float32)
+    tensor = torch.arange(VIEW_MIN_BYTES // 4 + 1, dtype=torch.float32)
     encoded = encode({"x": tensor})
     views = [part for part in encoded.parts if isinstance(part, memoryview)]
     assert len(views) == 1
@@ -234,13 +236,37 @@ MALFORMED = {
     "unhashable-key": _root(["M", [[["L", []], 1]]]),
     "tensor-index": _root(["T", 5]),
     "buffer-index": _root(["b", 3], [1]),
+    "tensor-key": _payload(
+        {
+            "v": 1,
+            "root": ["M", [[["T", 0], 1]]],
+            "buffers": [4],
+            "tensors": [["float32", [1], 0, False]],
+        },
+        bytes(128),
+    ),
 }
 
 
 @pytest.mark.parametrize("payload", MALFORMED.values(), ids=MALFORMED.keys())
 def test_a_malformed_payload_is_a_value_error(payload: bytearray) -> None:
     with pytest.raises(ValueError, match="malformed plain payload"):
+        parse(payload)  # the actor's check: refused before anything is admitted
+    with pytest.raises(ValueError, match="malformed plain payload"):
         decode(payload)
+
+
+def test_parse_checks_everything_and_makes_the_tensors_only_in_build() -> None:
+    obj = {"x": torch.arange(6, dtype=torch.int32).reshape(2, 3), "same": None, "n": 3}
+    obj["same"] = [obj["x"]]
+    payload = bytearray(b"".join(bytes(part) for part in encode(obj).parts))
+    decoded = parse(payload)
+    assert decoded.nbytes == len(payload)
+    flat = [decoded.root["x"], decoded.root["same"][0]]
+    assert not any(isinstance(node, torch.Tensor) for node in flat)  # nothing made yet
+    built = decoded.build()
+    _same(built, obj)
+    assert built["same"][0] is built["x"]  # still one tensor
 
 
 def test_a_deeply_nested_hostile_skeleton_is_a_value_error() -> None:

@@ -23,7 +23,7 @@ from trajtrack._names import WriterIdentity
 from trajtrack._stats import TrackerStatistics
 from trajtrack._tracker import Tracker, TrackerState
 from trajtrack.ray._channel import KIND_PLAIN, ChannelServer, Who
-from trajtrack.ray._wire import decode
+from trajtrack.ray._wire import parse, skeleton_size
 
 __all__ = ["TrackerActor", "Who"]
 
@@ -32,8 +32,9 @@ __all__ = ["TrackerActor", "Who"]
 # WriterIdentity (cached per distinct writer).
 
 _WHO_CACHE_LIMIT = 4096
-_DECODE_INLINE_MAX = 1 << 20
-"""Plain payloads up to this size are decoded on the event loop (tens of microseconds)."""
+_PARSE_INLINE_MAX = 64 << 10
+"""Plain payloads whose skeleton is up to this size are checked on the event loop (tens of
+microseconds; the tensors' bytes are not touched, however large)."""
 
 
 class TrackerActor:
@@ -142,14 +143,15 @@ class TrackerActor:
             await self._admit(payload, name, who)  # type: ignore[arg-type]  # bytes-like
             return
         try:
-            if len(payload) > _DECODE_INLINE_MAX:  # a big skeleton: parse it off the loop
-                obj, nbytes = await asyncio.to_thread(decode, payload)
+            if skeleton_size(payload) > _PARSE_INLINE_MAX:  # parse a big one off the loop
+                decoded = await asyncio.to_thread(parse, payload)
             else:
-                obj, nbytes = decode(payload)
+                decoded = parse(payload)
         except ValueError as exc:
             raise SerializationError(f"{name}: the plain-data payload is invalid: {exc}") from exc
         tracker = await self._tracker_now()
-        await tracker._dump_decoded(obj, nbytes, name, self._identity(who))
+        # Checked, not built: the upload worker makes the tensors (torch calls) in its thread.
+        await tracker._dump_decoded(decoded.build, decoded.nbytes, name, self._identity(who))
 
     async def channel_statistics(self) -> dict[str, int]:
         """What the direct channel has seen: connections, refused, dumps, errors."""

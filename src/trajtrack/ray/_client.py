@@ -435,7 +435,12 @@ def _snapshot(data: Any, *, channel: bool) -> tuple[_Snapshot, int]:
 
 
 def _send_acknowledged(data: Any, name: str) -> None:
-    cached = _current()
+    # A cached channel needs no check with Ray (two Ray API calls per dump otherwise): it
+    # talks to the actor itself, and if the actor is gone it breaks, and the Ray call below
+    # (which does check) finds out.
+    cached = _cache.get((_actor_name(None), _namespace(None)))
+    if cached is None or cached.channel is None:
+        cached = _current()
     channel = cached.channel
     if channel is not None:
         # Sent before this returns, so plain data needs no copy: its bytes go out as they are.

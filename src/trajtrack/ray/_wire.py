@@ -38,9 +38,19 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from trajtrack._snapshot import NUMPY_DTYPES, NotPlainError, measure_plain
+from trajtrack._snapshot import NUMPY_DTYPES, NotPlainError
 
-__all__ = ["Captured", "Encoded", "NotPlainError", "capture", "decode", "encode"]
+__all__ = [
+    "Captured",
+    "Decoded",
+    "Encoded",
+    "NotPlainError",
+    "capture",
+    "decode",
+    "encode",
+    "parse",
+    "skeleton_size",
+]
 
 VERSION: Final = 1
 ALIGN: Final = 64
@@ -67,7 +77,41 @@ class Encoded:
 
 
 _DTYPE_NAMES: Final = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
-_JSON: Final = json.JSONEncoder(separators=(",", ":"))
+
+
+def _skeleton_encoder() -> Any:
+    """``json.dumps(skeleton, separators=(",", ":"))``, minus its per-call setup.
+
+    ``JSONEncoder.encode`` builds a C encoder on every call; the skeleton holds only lists,
+    dicts with string keys, strings, ints, floats, bools and None, so one C encoder without
+    circular-reference markers is built once and reused (pure Python where the C one is
+    missing).
+    """
+    fallback = json.JSONEncoder(separators=(",", ":")).encode
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return fallback
+
+    def unknown(obj: Any) -> Any:
+        raise TypeError(f"{type(obj).__name__} in a skeleton")
+
+    try:
+        encoder = make(
+            None, unknown, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
+        )
+        probe = {"v": [1, 2.5, None, True, "é"], "n": float("nan")}
+        if "".join(encoder(probe, 0)) != fallback(probe):
+            return fallback
+    except TypeError:  # another signature in another Python version
+        return fallback
+    return lambda skeleton: "".join(encoder(skeleton, 0))
+
+
+_SKELETON_JSON: Final = _skeleton_encoder()
+_PADDING: Final = bytes(ALIGN)
+VIEW_MIN_BYTES: Final = 64 << 10
+"""Without ``copy``, buffers up to this size are copied all the same: one ``tobytes`` call costs
+less than the four numpy calls of a view, and the channel joins small parts into one send."""
 COPY_HOLDING_GIL_MAX_BYTES: Final = 256 << 10
 """A captured copy up to this size is taken as ``bytes`` (holds the GIL: no wait to get it
 back); larger ones with numpy, which releases the GIL while it copies."""
@@ -95,19 +139,19 @@ class Captured:
 
     def encoded(self) -> Encoded:
         lengths = [len(buffer) for buffer in self.buffers]
-        skeleton = _JSON.encode(
+        skeleton = _SKELETON_JSON(
             {"v": VERSION, "root": self.root, "tensors": self.tensors, "buffers": lengths}
         ).encode()
-        head = _LENGTH.pack(len(skeleton)) + skeleton
-        encoded = Encoded([head], len(head), self.keep)
+        parts: list[bytes | memoryview] = [_LENGTH.pack(len(skeleton)), skeleton]
+        size = _LENGTH.size + len(skeleton)
         for buffer, length in zip(self.buffers, lengths, strict=True):
-            padding = _aligned(encoded.size) - encoded.size
+            padding = -size % ALIGN
             if padding:
-                encoded.parts.append(bytes(padding))
+                parts.append(_PADDING[:padding])
             if length:
-                encoded.parts.append(buffer)
-            encoded.size += padding + length
-        return encoded
+                parts.append(buffer)
+            size += padding + length
+        return Encoded(parts, size, self.keep)
 
 
 class _Encoder:
@@ -204,12 +248,13 @@ class _Encoder:
 
     def array(self, array: np.ndarray[Any, Any]) -> int:
         """Add the array's bytes in C order as the next buffer; return its index."""
-        if not self.copy:
+        nbytes = array.nbytes
+        if nbytes <= VIEW_MIN_BYTES or (self.copy and nbytes <= COPY_HOLDING_GIL_MAX_BYTES):
+            self.buffers.append(array.tobytes())  # one C call, holding the GIL
+        elif not self.copy:
             source = np.ascontiguousarray(array)  # a copy only if strided
             self.keep.append(source)
             self.buffers.append(source.reshape(-1).view(np.uint8).data)
-        elif array.nbytes <= COPY_HOLDING_GIL_MAX_BYTES:
-            self.buffers.append(array.tobytes())
         else:
             self.buffers.append(np.array(array, order="C").reshape(-1).view(np.uint8).data)
         return len(self.buffers) - 1
@@ -255,11 +300,88 @@ def _aligned(position: int) -> int:
     return (position + ALIGN - 1) // ALIGN * ALIGN
 
 
-def decode(payload: bytearray) -> tuple[Any, int]:
-    """Rebuild the object; its tensors and arrays share *payload*'s memory.
+_PARSE_ERRORS: Final = (
+    ValueError,
+    KeyError,
+    IndexError,
+    TypeError,
+    RecursionError,
+    RuntimeError,
+    NotPlainError,
+    struct.error,
+)
 
-    Returns:
-        The object and its size as the tracker's budget counts it.
+
+class Decoded:
+    """A checked payload: its structure is rebuilt, its tensors are made by :meth:`build`.
+
+    Making a tensor is a torch call (slow on a cold cache, and torch calls release the GIL);
+    the actor admits the dump with this and lets its upload worker call :meth:`build`.
+    """
+
+    __slots__ = ("_payload", "nbytes", "root")
+
+    def __init__(self, root: Any, payload: bytearray) -> None:
+        self.root = root
+        self._payload = payload
+        self.nbytes = len(payload)  # what the built object holds: it shares these bytes
+
+    def build(self) -> Any:
+        """The object; its tensors and arrays share the payload's memory."""
+        return _build(self.root, self._payload, {})
+
+
+class _Pending:
+    """A checked tensor of a :class:`Decoded`, not made yet."""
+
+    __slots__ = ("dims", "dtype", "length", "offset", "requires_grad")
+
+    def __init__(
+        self, dtype: torch.dtype, dims: tuple[int, ...], offset: int, length: int, grad: bool
+    ) -> None:
+        self.dtype, self.dims, self.offset, self.length = dtype, dims, offset, length
+        self.requires_grad = grad
+
+    def make(self, payload: bytearray) -> torch.Tensor:
+        dtype, length = self.dtype, self.length
+        if length and dtype in NUMPY_DTYPES:
+            # Through numpy: these calls hold the GIL, torch's view ops release it.
+            count = length // dtype.itemsize
+            flat = np.frombuffer(payload, dtype=_NUMPY_OF[dtype], count=count, offset=self.offset)
+            tensor = torch.from_numpy(flat.reshape(self.dims))
+        elif length:
+            raw = torch.frombuffer(payload, dtype=torch.uint8, count=length, offset=self.offset)
+            tensor = raw.view(dtype).reshape(self.dims)
+        else:
+            tensor = torch.empty(self.dims, dtype=dtype)
+        if self.requires_grad:
+            tensor.requires_grad_(True)
+        return tensor
+
+
+def _build(node: Any, payload: bytearray, made: dict[int, torch.Tensor]) -> Any:
+    kind = type(node)
+    if kind is _Pending:
+        tensor = made.get(id(node))
+        if tensor is None:  # one tensor sent twice is one _Pending: it stays one tensor
+            tensor = made[id(node)] = node.make(payload)
+        return tensor
+    if kind is dict:
+        return {key: _build(value, payload, made) for key, value in node.items()}
+    if kind is list:
+        return [_build(value, payload, made) for value in node]
+    if kind is tuple:
+        return tuple(_build(value, payload, made) for value in node)
+    return node
+
+
+def skeleton_size(payload: bytearray) -> int:
+    """The length of *payload*'s skeleton as its header says (0 if it has no header)."""
+    return _LENGTH.unpack_from(payload, 0)[0] if len(payload) >= _LENGTH.size else 0
+
+
+def parse(payload: bytearray) -> Decoded:
+    """Check *payload* and rebuild its structure; see :meth:`Decoded.build` for the object.
 
     Raises:
         ValueError: The payload is not a valid encoding (nothing is built from it).
@@ -273,19 +395,26 @@ def decode(payload: bytearray) -> tuple[Any, int]:
             raise ValueError("unknown encoding version")
         body = _LENGTH.size + length
         decoder = _Decoder(payload, body, skeleton["buffers"], skeleton["tensors"])
-        obj = decoder.node(skeleton["root"], 0)
-    except (
-        ValueError,
-        KeyError,
-        IndexError,
-        TypeError,
-        RecursionError,
-        RuntimeError,
-        NotPlainError,
-        struct.error,
-    ) as exc:
+        root = decoder.node(skeleton["root"], 0)
+    except _PARSE_ERRORS as exc:
         raise ValueError(f"malformed plain payload: {exc}") from None
-    return obj, measure_plain(obj)
+    return Decoded(root, payload)
+
+
+def decode(payload: bytearray) -> tuple[Any, int]:
+    """Rebuild the object; its tensors and arrays share *payload*'s memory.
+
+    Returns:
+        The object and its size as the tracker's budget counts it.
+
+    Raises:
+        ValueError: The payload is not a valid encoding (nothing is built from it).
+    """
+    decoded = parse(payload)
+    try:
+        return decoded.build(), decoded.nbytes
+    except _PARSE_ERRORS as exc:
+        raise ValueError(f"malformed plain payload: {exc}") from None
 
 
 class _Decoder:
@@ -294,7 +423,7 @@ class _Decoder:
         self.body = body  # buffers start after the skeleton
         self.spans = self._layout(spans)
         self.tensor_specs: Sequence[Any] = tensors
-        self.tensors: dict[int, torch.Tensor] = {}
+        self.tensors: dict[int, _Pending] = {}
 
     def _layout(self, lengths: Any) -> list[tuple[int, int]]:
         spans, position = [], self.body
@@ -317,7 +446,7 @@ class _Decoder:
             raise ValueError("bad node")
         tag = node[0]
         if tag == "M":
-            return {self.node(k, depth + 1): self.node(v, depth + 1) for k, v in node[1]}
+            return {self.key(k, depth + 1): self.node(v, depth + 1) for k, v in node[1]}
         if tag == "L":
             return [self.node(v, depth + 1) for v in node[1]]
         if tag == "U":
@@ -337,7 +466,13 @@ class _Decoder:
             return _torch_dtype(node[1])
         raise ValueError(f"unknown tag {tag!r}")
 
-    def tensor(self, index: int) -> torch.Tensor:
+    def key(self, node: Any, depth: int) -> Any:
+        key = self.node(node, depth)
+        if type(key) is _Pending or isinstance(key, np.ndarray):
+            raise ValueError("a tensor or an array as a dict key")
+        return key
+
+    def tensor(self, index: int) -> _Pending:
         seen = self.tensors.get(index)
         if seen is not None:
             return seen
@@ -346,24 +481,11 @@ class _Decoder:
         dtype_name, shape, buffer, requires_grad = self.tensor_specs[index]
         dtype, dims = _torch_dtype(dtype_name), _shape(shape)
         offset, length = self.spans[int(buffer)]
-        itemsize = dtype.itemsize
-        if math.prod(dims) * itemsize != length:
+        if math.prod(dims) * dtype.itemsize != length:
             raise ValueError("tensor size does not match its buffer")
-        if length and dtype in NUMPY_DTYPES:
-            # Through numpy: these calls hold the GIL, torch's view ops release it (and the
-            # actor's upload threads, serializing earlier dumps, would take it meanwhile).
-            count = length // itemsize
-            flat = np.frombuffer(self.payload, dtype=_NUMPY_OF[dtype], count=count, offset=offset)
-            tensor = torch.from_numpy(flat.reshape(dims))
-        elif length:
-            raw = torch.frombuffer(self.payload, dtype=torch.uint8, count=length, offset=offset)
-            tensor = raw.view(dtype).reshape(dims)
-        else:
-            tensor = torch.empty(dims, dtype=dtype)
-        if requires_grad is True and (tensor.is_floating_point() or tensor.is_complex()):
-            tensor.requires_grad_(True)
-        self.tensors[index] = tensor
-        return tensor
+        grad = requires_grad is True and (dtype.is_floating_point or dtype.is_complex)
+        pending = self.tensors[index] = _Pending(dtype, dims, offset, length, grad)
+        return pending
 
     def array(self, dtype_str: Any, shape: Any, buffer: int) -> Any:
         dtype = np.dtype(str(dtype_str))
