@@ -97,7 +97,7 @@ def test_a_failed_channel_falls_back_to_ray_calls_and_says_so(
 
     assert _stored(tracker_env["dest"], "over/ray")["x"].shape == (2,)
     assert cached.channel is None  # this process stays on Ray calls
-    assert "sends its dumps as Ray calls from now on" in caplog.text
+    assert "sends its dumps to that actor as Ray calls from now on" in caplog.text
     counters = ray.get(tr.get_trajectory_tracker().channel_statistics.remote(), timeout=90)
     assert counters["refused"] == 1 and counters["dumps"] == 1
 

@@ -248,7 +248,8 @@ def _channel_failed(cached: _Cached, exc: ChannelBrokenError) -> None:
     if channel is not None:
         logger.warning(
             "trajtrack.ray: the channel to the tracker actor failed (%s); this process sends "
-            "its dumps as Ray calls from now on",
+            "its dumps to that actor as Ray calls from now on (a replacement actor, or Ray "
+            "initialized again, gets a new channel)",
             exc,
         )
         channel.close()
