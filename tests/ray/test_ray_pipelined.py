@@ -99,6 +99,36 @@ def test_many_dumps_from_several_threads_all_land_in_order(
         assert mine == [f"t{t}/{i}" for i in range(per_thread)]
 
 
+def test_a_dump_too_big_to_copy_is_sent_at_once_after_the_earlier_ones(
+    ray_cluster: Any, tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over ``SEND_NOW_MIN_BYTES`` a pipelined dump is not copied: it is sent before
+    ``dump_data`` returns (so changing it afterwards changes nothing), and only after the
+    process's earlier pipelined dumps, so the order is kept."""
+    import trajtrack.ray as tr
+    from trajtrack.ray import _client
+
+    monkeypatch.setattr(_client, "SEND_NOW_MIN_BYTES", 10_000)
+    tr.get_trajectory_tracker(workers=1)  # one upload worker: the record keeps the order
+    big = torch.arange(5000, dtype=torch.float32)  # 20 KB
+    names = []
+    for step in range(3):
+        for kind, data in (("small", {"x": torch.ones(2) * step}), ("big", {"x": big})):
+            names.append(f"s{step}/{kind}")
+            tr.dump_data(data, names[-1], wait=False)
+            if kind == "big":
+                assert tr.own_dumps_in_flight() == 0  # it went out with everything before it
+                big.add_(1)  # after the return: not in the stored dump
+    tr.flush(timeout=RAY_TIMEOUT)
+
+    dest = tracker_env["dest"]
+    for step in range(3):
+        stored = _load(dest / f"s{step}" / "big.pth")["x"]
+        assert torch.equal(stored, torch.arange(5000, dtype=torch.float32) + step)
+        assert torch.equal(_load(dest / f"s{step}" / "small.pth")["x"], torch.ones(2) * step)
+    assert _recorded_names(dest) == names
+
+
 def test_backpressure_bounds_what_is_unacknowledged_and_times_out(
     gate: Any, tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

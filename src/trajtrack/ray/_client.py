@@ -92,6 +92,11 @@ MAX_BATCHES_IN_FLIGHT = 1
 One: Ray does not promise to start an async actor's calls in submission order, so two batches
 of one process in flight at once could be admitted out of order (seen once in CI as a
 reordered record). The next batch accumulates while one is in flight, so little is lost."""
+SEND_NOW_MIN_BYTES = 64 << 20
+"""A pipelined dump of CPU plain data over this size is not copied: after this process's earlier
+pipelined dumps are acknowledged it is sent like an acknowledged one, before ``dump_data``
+returns. Copying that much costs the caller as much as sending it (fresh memory: page faults),
+and would double the memory it holds."""
 PLAIN_COPY_MAX_BYTES = 8 << 20
 """Pipelined plain data up to this size is copied by the caller and serialized by the sender
 thread; larger objects are serialized by the caller (no second in-memory copy)."""
@@ -380,14 +385,17 @@ def dump_data(data: Any, name: str, *, wait: bool | None = None) -> None:
         wait: ``True``: return when the actor has the dump (acknowledged); ``False``: return
             once the bytes are in this process's send buffer (pipelined, see
             :func:`wait_for_own_dumps`). Default: pipelined when ``TRAJTRACK_RAY_PIPELINED=1``,
-            else acknowledged.
+            else acknowledged. A pipelined dump of CPU plain data over 64 MiB going over the
+            channel is sent as an acknowledged one instead (after this process's earlier
+            pipelined dumps): copying it would cost the caller as much.
 
     Raises:
         InvalidNameError: *name* is not a safe relative dump name (nothing was sent).
         SerializationError: *data* cannot be serialized.
         TimeoutError: Pipelined: this process's in-flight bound stayed full for
             ``TRAJTRACK_RAY_FULL_TIMEOUT`` seconds (nothing was buffered).
-        Exception: Acknowledged: the actor's error (e.g. ``TrackerClosedError``).
+        Exception: Acknowledged (and a pipelined dump sent as one): the actor's error (e.g.
+            ``TrackerClosedError``).
     """
     if not is_enabled():
         return
@@ -402,28 +410,34 @@ def dump_data(data: Any, name: str, *, wait: bool | None = None) -> None:
     if cached is None:
         cached = _current(*actor)  # look up / create in the caller: a bad setup raises here
     snapshot, nbytes = _snapshot(data, channel=cached.channel is not None)
+    if snapshot is None:  # too big to copy: sending it costs the caller less
+        _sender.wait_settled(_limits()[2])  # this process's earlier dumps go first
+        _send_acknowledged(data, name)
+        return
     _sender.put(snapshot, nbytes, name, _who(), actor)
 
 
-def _snapshot(data: Any, *, channel: bool) -> tuple[_Snapshot, int]:
+def _snapshot(data: Any, *, channel: bool) -> tuple[_Snapshot | None, int]:
     """Pipelined: a copy of *data* that later mutation cannot reach.
 
     * Plain data (nested dicts/lists/tuples of tensors, arrays and scalars) on the CPU, for
       the channel, is taken apart for the wire right here with its tensors' bytes copied (no
-      serializer, nothing laid out): the sender thread encodes and writes it.
+      serializer, nothing laid out): the sender thread encodes and writes it. Over
+      :data:`SEND_NOW_MIN_BYTES` nothing is copied and ``(None, 0)`` is returned: the caller
+      sends it now instead.
     * Other plain data is copied as the core tracker does (a CUDA tensor without making the
       caller wait for the device), and encoded or serialized by the sender thread.
     * Anything else is serialized right here.
     """
     if channel:
         try:
-            captured = capture(data, copy=True)
+            captured = capture(data, copy=True, copy_max_bytes=SEND_NOW_MIN_BYTES)
         except NotPlainError:
             pass  # not plain data, or a tensor on a device: as below
         except RuntimeError as exc:
             raise SerializationError(f"could not read a tensor for the dump: {exc}") from exc
         else:
-            return captured, captured.nbytes
+            return (captured, captured.nbytes) if captured is not None else (None, 0)
     try:
         nbytes = measure_plain(data)
     except NotPlainError:
@@ -570,18 +584,26 @@ class _Sender:
             self._exit_hook = True
             atexit.register(_drain_at_exit)
 
-    def wait(self, timeout: float | None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def wait_settled(self, timeout: float | None) -> None:
+        """Wait until every dump made before the call is settled; errors stay kept."""
         with self._lock:
-            target = self._next_seq  # everything made before this call
-            while self._oldest_unsettled_locked() < target:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(
-                        f"{self._items} pipelined dumps of this process were not "
-                        f"acknowledged by the tracker actor within {timeout} s"
-                    )
-                self._settled.wait(left)
+            self._wait_settled_locked(timeout)
+
+    def _wait_settled_locked(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        target = self._next_seq  # everything made before this call
+        while self._oldest_unsettled_locked() < target:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(
+                    f"{self._items} pipelined dumps of this process were not "
+                    f"acknowledged by the tracker actor within {timeout} s"
+                )
+            self._settled.wait(left)
+
+    def wait(self, timeout: float | None) -> None:
+        with self._lock:
+            self._wait_settled_locked(timeout)
             error, count = self._error, self._errors
             self._error, self._errors = None, 0
         if error is not None:

@@ -33,7 +33,7 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, overload
 
 import numpy as np
 import torch
@@ -155,10 +155,11 @@ class Captured:
 
 
 class _Encoder:
-    __slots__ = ("buffers", "copy", "keep", "tensor_ids", "tensors")
+    __slots__ = ("buffers", "copy", "keep", "tensor_ids", "tensors", "to_copy")
 
     def __init__(self, copy: bool) -> None:
         self.copy = copy
+        self.to_copy: list[int] = []  # copy mode: buffers that are arrays, copied at the end
         self.buffers: list[Any] = []
         self.tensors: list[list[Any]] = []
         self.tensor_ids: dict[int, int] = {}
@@ -248,16 +249,28 @@ class _Encoder:
 
     def array(self, array: np.ndarray[Any, Any]) -> int:
         """Add the array's bytes in C order as the next buffer; return its index."""
-        nbytes = array.nbytes
-        if nbytes <= VIEW_MIN_BYTES or (self.copy and nbytes <= COPY_HOLDING_GIL_MAX_BYTES):
+        if self.copy:
+            self.to_copy.append(len(self.buffers))  # copied by copy_all()
+            self.buffers.append(array)
+        elif array.nbytes <= VIEW_MIN_BYTES:
             self.buffers.append(array.tobytes())  # one C call, holding the GIL
-        elif not self.copy:
+        else:
             source = np.ascontiguousarray(array)  # a copy only if strided
             self.keep.append(source)
             self.buffers.append(source.reshape(-1).view(np.uint8).data)
-        else:
-            self.buffers.append(np.array(array, order="C").reshape(-1).view(np.uint8).data)
         return len(self.buffers) - 1
+
+    def copy_all(self, max_bytes: int | None) -> bool:
+        """Copy mode: replace the arrays by copies of their bytes; False if over *max_bytes*."""
+        arrays = [(index, self.buffers[index]) for index in self.to_copy]
+        if max_bytes is not None and sum(array.nbytes for _, array in arrays) > max_bytes:
+            return False
+        for index, array in arrays:
+            if array.nbytes <= COPY_HOLDING_GIL_MAX_BYTES:
+                self.buffers[index] = array.tobytes()  # one C call, holding the GIL
+            else:
+                self.buffers[index] = np.array(array, order="C").reshape(-1).view(np.uint8).data
+        return True
 
 
 def _plain_numpy_dtype(dtype: np.dtype[Any]) -> str:
@@ -266,13 +279,23 @@ def _plain_numpy_dtype(dtype: np.dtype[Any]) -> str:
     return str(dtype.str)
 
 
-def capture(obj: Any, *, copy: bool = False) -> Captured:
+@overload
+def capture(obj: Any, *, copy: bool = ..., copy_max_bytes: None = ...) -> Captured: ...
+
+
+@overload
+def capture(obj: Any, *, copy: bool = ..., copy_max_bytes: int) -> Captured | None: ...
+
+
+def capture(obj: Any, *, copy: bool = False, copy_max_bytes: int | None = None) -> Captured | None:
     """Take plain data apart for :meth:`Captured.encoded`.
 
     Args:
         obj: Plain data.
         copy: Copy every tensor's and array's bytes (a snapshot: *obj* may change afterwards).
             Without it the buffers point into *obj*'s memory.
+        copy_max_bytes: With *copy*: return ``None`` (copying nothing) when the copies would
+            take more than this many bytes.
 
     Raises:
         NotPlainError: *obj* is not plain data this encoding carries exactly; with *copy*,
@@ -281,6 +304,8 @@ def capture(obj: Any, *, copy: bool = False) -> Captured:
     """
     encoder = _Encoder(copy)
     root = encoder.node(obj, 0)
+    if copy and not encoder.copy_all(copy_max_bytes):
+        return None
     return Captured(root, encoder.tensors, encoder.buffers, encoder.keep)
 
 
