@@ -21,7 +21,8 @@ Side by side in one run, in one process, on one local Ray instance, for a 4 KB t
 * **bare actor call** — the floor of any acknowledged dump: ``ray.get`` of a no-op method of an
   async actor (same options as the tracker actor) given the already serialized 4 KB bytes, a
   name and the writer tuple. Nothing is written.
-* **serialize only** — the caller's ``torch.save`` of the dict, the floor of the pipelined mode.
+* **serialize only** — the caller's ``torch.save`` of the dict: what any dump of an object that
+  is not plain data costs the caller at least (plain data skips it).
 
 Latency: each call timed alone, with a 2 ms pause between calls (a loop that does other work
 between dumps), the variants interleaved call by call so that all of them see the same machine
