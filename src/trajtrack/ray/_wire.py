@@ -208,9 +208,9 @@ class _Encoder:
             return index
         # The common case in one call that holds the GIL: ``numpy()`` accepts exactly the
         # strided CPU tensors without autograd, conjugate or negative bit whose dtype numpy
-        # has (it raises for everything else). torch's own checks (``is_conj``, ``detach``,
-        # ``view``...) each release the GIL, and a thread waiting for it can hold the caller up
-        # for a whole switch interval.
+        # has (it raises for everything else). torch ops such as ``detach`` and ``view``
+        # release the GIL, and a thread waiting for it can hold the caller up for a whole
+        # switch interval.
         try:
             array = tensor.numpy()
             shape = array.shape
