@@ -305,6 +305,31 @@ def test_a_forked_child_closes_its_inherited_idle_sockets(served: Served) -> Non
     assert client._idle == []
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_never_uses_the_parents_connection(served: Served) -> None:
+    """Even without ``abandon_after_fork``, a connection opened before a fork stays the
+    parent's: the child opens its own (two processes on one socket would mix their frames)."""
+    client = served.client()
+    client.dump(b"1", "parent/before")
+    (inherited,) = client._idle
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        code = 1
+        try:
+            connection = client._acquire()
+            mine = connection is not inherited and connection.sock is not inherited.sock
+            client._release(connection)
+            client.dump(b"2", "child")
+            code = 0 if mine and inherited not in client._idle else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    client.dump(b"3", "parent/after")  # the parent's pooled connection still works
+    assert client._idle == [inherited]
+    assert [d[1] for d in served.admitted.dumps] == ["parent/before", "child", "parent/after"]
+
+
 def test_no_usable_endpoint_is_an_error_up_front(served: Served) -> None:
     only_unix = Endpoints(served.endpoints.secret, "node-1", served.endpoints.unix_path, None)
     with pytest.raises(ChannelBrokenError, match="no channel"):

@@ -416,12 +416,26 @@ async def _read_into(reader: asyncio.StreamReader, size: int) -> bytearray:
 # --------------------------------------------------------------------------- the caller's side
 
 
+_forks = 0
+"""Forks this process descends from (counted in the child): a connection opened before a fork
+belongs to the parent. A counter, not ``os.getpid()``, which is a system call on every dump."""
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_count_fork)
+
+
 class _Connection:
     """One blocking socket to the actor, past the hello."""
 
-    def __init__(self, sock: socket.socket, pid: int) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.pid = pid
+        self.forks = _forks  # the process it belongs to
         self.usable = True  # false after a FATAL reply: the server closes it
 
     def close(self) -> None:
@@ -580,7 +594,7 @@ class ChannelClient:
         with self._lock:
             while self._idle:
                 connection = self._idle.pop()
-                if connection.pid == os.getpid():
+                if connection.forks == _forks:
                     return connection
         return self._connect()
 
@@ -590,7 +604,7 @@ class ChannelClient:
                 connection.usable
                 and not self._closed
                 and len(self._idle) < MAX_IDLE_CONNECTIONS
-                and connection.pid == os.getpid()
+                and connection.forks == _forks
             ):
                 self._idle.append(connection)
                 return
@@ -605,7 +619,7 @@ class ChannelClient:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             who = _encode_who(self.who)
             sock.sendall(_HELLO.pack(MAGIC, VERSION, self.endpoints.secret, len(who)) + who)
-            connection = _Connection(sock, os.getpid())
+            connection = _Connection(sock)
             if connection.reply() is not None:  # the hello has no error replies
                 raise ChannelBrokenError("the tracker actor answered the hello with an error")
             sock.settimeout(self.reply_timeout)

@@ -287,7 +287,7 @@ def _who() -> Who:
     """This process's identity as the actor wants it (a tuple: cheaper to pickle per call)."""
     global _identity
     identity = _identity
-    if identity is None or identity[1] != os.getpid():
+    if identity is None:  # reset in a forked child (_forget_after_fork)
         me = WriterIdentity.current()
         identity = _identity = (me.host, me.pid, me.rank, me.local_rank, me.world_size)
     return identity
