@@ -208,7 +208,7 @@ def _small_copy(source: torch.Tensor) -> torch.Tensor | None:
     ):
         return None
     view = source.numpy()  # shares memory; holds the GIL
-    copy = np.frombuffer(bytearray(view.tobytes()), dtype=view.dtype).reshape(view.shape)
+    copy = np.frombuffer(bytearray(view), dtype=view.dtype).reshape(view.shape)  # one copy
     return torch.from_numpy(copy)
 
 

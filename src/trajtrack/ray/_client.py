@@ -305,8 +305,8 @@ def _serialized(payload: _Snapshot) -> bytes:
     if isinstance(payload, bytes):
         return payload
     if isinstance(payload, Captured):  # captured for a channel that has failed since
-        encoded = b"".join(payload.encoded().parts)
-        payload = ObjectPayload(decode(bytearray(encoded))[0], payload.nbytes)
+        encoded = bytearray().join(payload.encoded().parts)  # decode wants it writable
+        payload = ObjectPayload(decode(encoded)[0], payload.nbytes)
     buffer = io.BytesIO()
     payload.write_to(buffer)
     return buffer.getvalue()

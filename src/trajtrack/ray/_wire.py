@@ -145,7 +145,7 @@ class Captured:
         parts: list[bytes | memoryview] = [_LENGTH.pack(len(skeleton)), skeleton]
         size = _LENGTH.size + len(skeleton)
         for buffer, length in zip(self.buffers, lengths, strict=True):
-            padding = -size % ALIGN
+            padding = _aligned(size) - size
             if padding:
                 parts.append(_PADDING[:padding])
             if length:
