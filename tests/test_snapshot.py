@@ -24,12 +24,14 @@ from trajtrack._snapshot import (
         torch.randn(3, 4),
         torch.arange(10, dtype=torch.int64),
         torch.tensor(2.5),  # 0-d
+        torch.tensor(7),  # 0-d integer (bytearray(array) would read it as a length)
+        torch.tensor(True),  # 0-d bool
         torch.zeros(0, 5),
         torch.rand(6) > 0.5,
         torch.randn(4, dtype=torch.complex64),
         torch.randn(5).half(),
     ],
-    ids=["float", "int64", "0-d", "empty", "bool", "complex", "half"],
+    ids=["float", "int64", "0-d", "0-d-int", "0-d-bool", "empty", "bool", "complex", "half"],
 )
 def test_small_cpu_tensors_are_copied_exactly_and_independently(source: torch.Tensor) -> None:
     copy = _small_copy(source)

@@ -208,7 +208,9 @@ def _small_copy(source: torch.Tensor) -> torch.Tensor | None:
     ):
         return None
     view = source.numpy()  # shares memory; holds the GIL
-    copy = np.frombuffer(bytearray(view), dtype=view.dtype).reshape(view.shape)  # one copy
+    # One copy. Through a memoryview: bytearray() of a 0-d integer array would take its value
+    # as a length.
+    copy = np.frombuffer(bytearray(view.data), dtype=view.dtype).reshape(view.shape)
     return torch.from_numpy(copy)
 
 
