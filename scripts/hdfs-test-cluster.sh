@@ -20,7 +20,9 @@
 #   hdfs-test-cluster.sh env DIR                 shell assignments (ports, URLs, HADOOP_CONF_DIR)
 #
 # Environment: TRAJTRACK_HADOOP_CACHE (jar cache, default ~/.cache/trajtrack/hadoop-2.7.3),
-# JAVA (java binary, default: java on PATH), TRAJTRACK_HDFS_HEAP (JVM -Xmx, default 768m).
+# TRAJTRACK_JERSEY_DIR (where Debian's Jersey 1 jars are, default /usr/share/java),
+# JAVA (java binary, default: java on PATH), TRAJTRACK_HDFS_HEAP (JVM -Xmx, default 768m),
+# PYTHON (default python3).
 set -euo pipefail
 
 CACHE="${TRAJTRACK_HADOOP_CACHE:-$HOME/.cache/trajtrack/hadoop-2.7.3}"
@@ -31,8 +33,9 @@ PYTHON="${PYTHON:-python3}"
 JERSEY_PACKAGES=(libjersey1-core-java libjersey1-server-java libjersey1-servlet-java)
 # jsr311-api must come before pyspark's javax.ws.rs-api-2.0.1.jar (else every WebHDFS call
 # answers 500 AbstractMethodError); Jersey 1 is what the NameNode's servlet needs.
-JERSEY_JARS=(/usr/share/java/jsr311-api.jar /usr/share/java/jersey1-core.jar
-    /usr/share/java/jersey1-server.jar /usr/share/java/jersey1-servlet.jar)
+JERSEY_DIR="${TRAJTRACK_JERSEY_DIR:-/usr/share/java}"
+JERSEY_JARS=("$JERSEY_DIR/jsr311-api.jar" "$JERSEY_DIR/jersey1-core.jar"
+    "$JERSEY_DIR/jersey1-server.jar" "$JERSEY_DIR/jersey1-servlet.jar")
 NN_CLASS=org.apache.hadoop.hdfs.server.namenode.NameNode
 DN_CLASS=org.apache.hadoop.hdfs.server.datanode.DataNode
 ADMIN_CLASS=org.apache.hadoop.hdfs.tools.DFSAdmin
@@ -68,7 +71,18 @@ install_jars() {
     jars_present && return 0
     local work
     work="$(mktemp -d "${TMPDIR:-/tmp}/trajtrack-hadoop-dl.XXXXXX")"
-    trap 'rm -rf "$work"' RETURN
+    # The download runs in a subshell whose EXIT trap removes the work directory, whichever
+    # way it ends. (A RETURN trap would outlive this function -- bash keeps it set -- and fire
+    # again when the caller returns, where $work is unbound under `set -u`.)
+    (
+        trap 'rm -rf "$work"' EXIT
+        download_jars "$work"
+    )
+}
+
+# Fetches the Hadoop 2.7.3 jars into $JARS, using the scratch directory $1.
+download_jars() {
+    local work="$1" sdist
     log "downloading the pyspark 2.4.8 sdist for its Hadoop 2.7.3 jars (~220 MB, once)"
     # A throwaway venv: pyspark 2.4.8's setup.py needs an old pypandoc under build isolation,
     # so build its metadata without isolation, with just setuptools and wheel.
@@ -76,7 +90,6 @@ install_jars() {
     "$work/venv/bin/python" -m pip install -q --disable-pip-version-check setuptools wheel >&2
     "$work/venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
         --no-build-isolation --no-binary :all: -d "$work/dl" pyspark==2.4.8 >&2
-    local sdist
     sdist="$(ls "$work"/dl/pyspark-2.4.8.tar.gz)"
     mkdir -p "$work/x"
     tar -xzf "$sdist" -C "$work/x" --wildcards 'pyspark-2.4.8/deps/jars/*'
@@ -404,7 +417,7 @@ main() {
             dir="$(need_dir "${1:-}")"
             cat "$dir/cluster.env"
             ;;
-        *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+        *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 }
 
