@@ -45,9 +45,9 @@ import anyio
 import torch
 
 import trajtrack
-from trajtrack._names import is_internal_path
-from trajtrack._reader import gather_bounded
 from trajtrack.backends import open_storage
+from trajtrack.layouts.names import is_internal_path
+from trajtrack.reader._run import gather_bounded
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import cluster_env, with_hdfs_cluster

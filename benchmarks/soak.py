@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 import trajtrack
-from trajtrack._record import RECORDS_PREFIX, decode_segment
+from trajtrack.layouts.records import RECORDS_PREFIX, decode_segment
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _SLACK = 192 << 20  # allocator and interpreter noise on top of what the run holds on purpose

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -e . pytest pytest-timeout blockbuster 2>&1 | tail -1 || true
-python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py
+python3 -m pytest -q -p no:cacheprovider tests/tracker/test_cuda.py
 python3 - <<'PY'
 import asyncio, time, torch, tempfile
 from trajtrack import Tracker

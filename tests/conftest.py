@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from _support.hdfs_cluster import hdfs_cluster  # noqa: F401  (a session fixture)
-from trajtrack._shim import _reset_for_tests
 from trajtrack.backends.memory import MemoryStorage
+from trajtrack.tracker._sync import _reset_for_tests
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

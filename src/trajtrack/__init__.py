@@ -7,12 +7,6 @@ imported explicitly by the users who want them.
 
 from __future__ import annotations
 
-from trajtrack._diff import (
-    RunDiff as RunDiff,
-    Tolerance as Tolerance,
-    compare as compare,
-    diff_runs as diff_runs,
-)
 from trajtrack._exceptions import (
     ConfigurationError as ConfigurationError,
     DumpDroppedError as DumpDroppedError,
@@ -31,24 +25,30 @@ from trajtrack._exceptions import (
     TrajtrackError as TrajtrackError,
     UnsafeLoadError as UnsafeLoadError,
 )
-from trajtrack._handle import DumpHandle as DumpHandle
-from trajtrack._queue import FullPolicy as FullPolicy
-from trajtrack._reader import (
+from trajtrack._retry import RetryPolicy as RetryPolicy
+from trajtrack.layouts.records import DumpRecord as DumpRecord
+from trajtrack.reader._diff import (
+    RunDiff as RunDiff,
+    Tolerance as Tolerance,
+    compare as compare,
+    diff_runs as diff_runs,
+)
+from trajtrack.reader._run import (
     DumpInfo as DumpInfo,
     Run as Run,
     SyncRun as SyncRun,
     open_run as open_run,
 )
-from trajtrack._record import DumpRecord as DumpRecord
-from trajtrack._retry import RetryPolicy as RetryPolicy
-from trajtrack._shim import (
+from trajtrack.tracker._handle import DumpHandle as DumpHandle
+from trajtrack.tracker._queue import FullPolicy as FullPolicy
+from trajtrack.tracker._stats import TrackerStatistics as TrackerStatistics
+from trajtrack.tracker._sync import (
     SyncTracker as SyncTracker,
     dump_data as dump_data,
     get_tracker as get_tracker,
     is_enabled as is_enabled,
 )
-from trajtrack._stats import TrackerStatistics as TrackerStatistics
-from trajtrack._tracker import Tracker as Tracker, TrackerState as TrackerState
+from trajtrack.tracker._tracker import Tracker as Tracker, TrackerState as TrackerState
 
 __version__ = "0.1.0"
 

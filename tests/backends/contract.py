@@ -10,10 +10,10 @@ import anyio
 import pytest
 
 from trajtrack import DumpExistsError, StorageNotFoundError
-from trajtrack._names import is_internal_path, parse_temp_path
-from trajtrack._snapshot import BytesPayload
 from trajtrack.backends import Storage
 from trajtrack.backends._protocol import checksum_of
+from trajtrack.layouts.names import is_internal_path, parse_temp_path
+from trajtrack.tracker._snapshot import BytesPayload
 
 
 class _Exploding:

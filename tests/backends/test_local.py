@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from trajtrack import ConfigurationError, StoragePermissionError
-from trajtrack._snapshot import BytesPayload
 from trajtrack.backends import Storage, open_storage
 from trajtrack.backends.local import LocalStorage
+from trajtrack.tracker._snapshot import BytesPayload
 
 from .contract import StorageContract
 

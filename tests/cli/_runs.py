@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 import trajtrack
-from trajtrack._cli import main
+from trajtrack.cli import main
 
 
 def write_run(dest: str, dumps: Mapping[str, Any]) -> None:

@@ -9,9 +9,9 @@ import pytest
 from _support.hdfs_cluster import HdfsCluster
 from backends.contract import StorageContract
 from trajtrack import ConfigurationError, StorageError, StoragePermissionError
-from trajtrack._snapshot import BytesPayload
 from trajtrack.backends import Storage, open_storage
 from trajtrack.backends.webhdfs import WebHdfsStorage
+from trajtrack.tracker._snapshot import BytesPayload
 
 pytestmark = pytest.mark.hdfs
 

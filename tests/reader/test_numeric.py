@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from trajtrack._diff import Tolerance, compare
-from trajtrack._numeric import _CHUNK, Mismatch, mismatch
+from trajtrack.reader._diff import Tolerance, compare
+from trajtrack.reader._numeric import _CHUNK, Mismatch, mismatch
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> Mismatch | None:
@@ -172,7 +172,7 @@ def test_numpy_arrays_take_the_same_path() -> None:
 
 
 def test_finite_float_tensors_never_need_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    import trajtrack._numeric as numeric
+    import trajtrack.reader._numeric as numeric
 
     def unexpected(*args: object) -> None:
         raise AssertionError("the general path was taken")

@@ -10,9 +10,9 @@ import torch
 
 import trajtrack
 from trajtrack import DumpLoadError, StorageNotFoundError, UnsafeLoadError
-from trajtrack._reader import SyncRun, open_run
 from trajtrack.backends._protocol import checksum_of
 from trajtrack.backends.memory import MemoryStorage
+from trajtrack.reader._run import SyncRun, open_run
 from trajtrack.rollout import RolloutBatch, RolloutSample
 
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-import trajtrack._safe_load as safe_load
-import trajtrack._weights_only as weights_only
+import trajtrack.reader._safe_load as safe_load
+import trajtrack.reader._weights_only as weights_only
 from trajtrack import DumpLoadError, UnsafeLoadError
-from trajtrack._safe_load import load_dump_bytes
+from trajtrack.reader._safe_load import load_dump_bytes
 from trajtrack.rollout import RolloutBatch, RolloutSample
 
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from trajtrack._names import is_internal_path, parse_temp_path
-from trajtrack._record import RECORDS_PREFIX, DumpRecord, decode_segment
+from trajtrack.layouts.names import is_internal_path, parse_temp_path
+from trajtrack.layouts.records import RECORDS_PREFIX, DumpRecord, decode_segment
 
 CHILD = Path(__file__).with_name("_child.py")
 #: Generous: a child that has not answered by then is hung, which is a failure.

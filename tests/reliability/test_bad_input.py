@@ -31,8 +31,8 @@ from trajtrack import (
     TrackerClosedError,
     TrajtrackError,
 )
-from trajtrack._names import is_internal_path
 from trajtrack.backends.local import LocalStorage
+from trajtrack.layouts.names import is_internal_path
 
 from ._proc import final_files
 
@@ -96,7 +96,7 @@ async def test_invalid_names_are_refused_before_anything_is_written(
 def test_the_fast_name_check_agrees_with_the_full_one() -> None:
     """Short ASCII names skip the full check; on random names built from the characters the
     rules are about, both must accept and refuse exactly the same names."""
-    from trajtrack._names import _validate_str, validate_name
+    from trajtrack.layouts.names import _validate_str, validate_name
 
     rng = random.Random(1234)
     alphabet = ["a", "b", "0", "_", "-", "~", ".", "/", "\\", "\x00", "\x1f", "\x7f", " ", "é"]
@@ -178,7 +178,7 @@ async def test_plain_tensor_on_a_lost_device(
     tmp_path: Path, started: trajtrack.Tracker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Simulated: the snapshot copy of a plain tensor raises what CUDA raises for a lost device.
-    import trajtrack._snapshot as snapshot
+    import trajtrack.tracker._snapshot as snapshot
 
     def lost(*_args: Any) -> Any:
         raise RuntimeError("CUDA error: device not ready (simulated)")

@@ -27,7 +27,7 @@ import anyio
 import pytest
 
 import trajtrack
-from trajtrack._names import WriterIdentity, temp_path_for
+from trajtrack.layouts.names import WriterIdentity, temp_path_for
 
 from ._payloads import KIB, MIB, check_file
 from ._proc import Child, final_files, records, temp_files
@@ -62,7 +62,7 @@ def _check_after_kill(dest: Path, prefix: str, dead: set[int]) -> tuple[int, int
 
 
 def _reader_lists_no_temp(dest: Path) -> None:
-    reader = pytest.importorskip("trajtrack._reader")
+    reader = pytest.importorskip("trajtrack.reader._run")
     with reader.SyncRun(dest) as run:
         listed = run.list(refresh=True)
     files = final_files(dest)
@@ -180,7 +180,7 @@ async def _a_later_tracker_sweeps_every_dead_writers_temps(
     late. A tracker started afterwards must remove it; one that keeps reappearing across
     several starts (bounded: 10 tries, 0.5 s apart) would be a bug.
     """
-    from trajtrack._names import parse_temp_path
+    from trajtrack.layouts.names import parse_temp_path
 
     left: list[str] = []
     for _ in range(10):
@@ -199,7 +199,7 @@ async def _check_storage(storage: trajtrack.backends.Storage, dead: set[int]) ->
 
     import torch
 
-    from trajtrack._names import is_internal_path, parse_temp_path
+    from trajtrack.layouts.names import is_internal_path, parse_temp_path
 
     from ._payloads import payload_for
 

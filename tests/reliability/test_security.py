@@ -175,7 +175,7 @@ async def test_logs_never_contain_dump_contents(
 
 
 async def test_the_reader_refuses_code_in_an_untrusted_dump(tmp_path: Path) -> None:
-    reader = pytest.importorskip("trajtrack._reader")
+    reader = pytest.importorskip("trajtrack.reader._run")
     marker = tmp_path / "pwned"
     dest = tmp_path / "dest"
     dest.mkdir()

@@ -30,8 +30,8 @@ from trajtrack._exceptions import (
     StorageNotFoundError,
     StoragePermissionError,
 )
-from trajtrack._names import RECORDS_DIR, WriterIdentity, temp_path_for
 from trajtrack.backends._protocol import ChecksumWriter, FileInfo, Payload, WriteResult
+from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
 __all__ = ["LocalStorage"]
 

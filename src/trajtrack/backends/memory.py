@@ -17,8 +17,8 @@ import anyio
 import anyio.to_thread
 
 from trajtrack._exceptions import DumpExistsError, StorageNotFoundError
-from trajtrack._names import WriterIdentity, temp_path_for
 from trajtrack.backends._protocol import ChecksumWriter, FileInfo, Payload, WriteResult
+from trajtrack.layouts.names import WriterIdentity, temp_path_for
 
 __all__ = ["MemoryStorage"]
 

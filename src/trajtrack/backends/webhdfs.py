@@ -48,10 +48,10 @@ from trajtrack._exceptions import (
     StorageNotFoundError,
     StorageUnavailableError,
 )
-from trajtrack._names import WriterIdentity, temp_path_for
 from trajtrack.backends._hadoop_conf import WebHdfsTarget, resolve_target
 from trajtrack.backends._protocol import ChecksumWriter, FileInfo, Payload, WriteResult
 from trajtrack.backends._webhdfs_errors import translate
+from trajtrack.layouts.names import WriterIdentity, temp_path_for
 
 __all__ = ["WebHdfsStorage", "open_webhdfs"]
 

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from trajtrack._exceptions import SerializationError, TrackerClosedError
-from trajtrack._names import WriterIdentity
-from trajtrack._stats import TrackerStatistics
-from trajtrack._tracker import Tracker, TrackerState
+from trajtrack.layouts.names import WriterIdentity
 from trajtrack.ray._channel import KIND_PLAIN, ChannelServer, Who
 from trajtrack.ray._wire import parse, skeleton_size
+from trajtrack.tracker._stats import TrackerStatistics
+from trajtrack.tracker._tracker import Tracker, TrackerState
 
 __all__ = ["TrackerActor", "Who"]
 

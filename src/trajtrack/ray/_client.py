@@ -39,20 +39,20 @@ import ray.exceptions
 
 from trajtrack._environ import getenv
 from trajtrack._exceptions import ConfigurationError, SerializationError
-from trajtrack._names import WriterIdentity, validate_name
-from trajtrack._shim import _destination_from_env, _exit_timeout_from_env, is_enabled
-from trajtrack._snapshot import (
+from trajtrack.backends import scheme_of
+from trajtrack.layouts.names import WriterIdentity, validate_name
+from trajtrack.ray._actor import TrackerActor
+from trajtrack.ray._channel import ChannelBrokenError, ChannelClient, Endpoints, Payload, Who
+from trajtrack.ray._wire import Captured, capture, decode, encode
+from trajtrack.tracker._snapshot import (
     NotPlainError,
     ObjectPayload,
     measure_plain,
     snapshot_plain,
     torch_save,
 )
-from trajtrack._tracker import add_note
-from trajtrack.backends import scheme_of
-from trajtrack.ray._actor import TrackerActor
-from trajtrack.ray._channel import ChannelBrokenError, ChannelClient, Endpoints, Payload, Who
-from trajtrack.ray._wire import Captured, capture, decode, encode
+from trajtrack.tracker._sync import _destination_from_env, _exit_timeout_from_env, is_enabled
+from trajtrack.tracker._tracker import add_note
 
 __all__ = [
     "DEFAULT_ACTOR_NAME",

@@ -2,7 +2,7 @@
 
 ``torch.save`` of a small dict costs the caller 100-500 us (a zip archive with CRCs, pickling),
 more than the whole channel round trip. Plain data (nested dicts, lists and tuples of tensors,
-numpy arrays and scalars; see :func:`trajtrack._snapshot.measure_plain`) does not need it to
+numpy arrays and scalars; see :func:`trajtrack.tracker._snapshot.measure_plain`) does not need it to
 cross a process boundary: the caller sends the structure as JSON and each tensor's bytes as
 they lie in memory, the actor rebuilds the object around the received buffer without copying
 and its upload workers run the serializer, off the caller's path.
@@ -38,7 +38,7 @@ from typing import Any, Final, overload
 import numpy as np
 import torch
 
-from trajtrack._snapshot import NUMPY_DTYPES, NotPlainError
+from trajtrack.tracker._snapshot import NUMPY_DTYPES, NotPlainError
 
 __all__ = [
     "Captured",
@@ -300,7 +300,7 @@ def capture(obj: Any, *, copy: bool = False, copy_max_bytes: int | None = None) 
     Raises:
         NotPlainError: *obj* is not plain data this encoding carries exactly; with *copy*,
             also when it holds a tensor that is not on the CPU (a snapshot of that is better
-            taken without waiting for the device: :func:`trajtrack._snapshot.snapshot_plain`).
+            taken without waiting for the device: the tracker's ``snapshot_plain``).
     """
     encoder = _Encoder(copy)
     root = encoder.node(obj, 0)

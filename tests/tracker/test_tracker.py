@@ -32,8 +32,8 @@ from trajtrack import (
     TrackerState,
     TrackerStateError,
 )
-from trajtrack._names import WriterIdentity, temp_path_for
 from trajtrack.backends.memory import MemoryStorage
+from trajtrack.layouts.names import WriterIdentity, temp_path_for
 
 
 def load(path: Path) -> Any:

@@ -37,8 +37,9 @@ from trajtrack._exceptions import (
     TrackerClosedError,
     TrackerStateError,
 )
-from trajtrack._handle import DumpHandle
-from trajtrack._names import (
+from trajtrack._retry import RetryPolicy
+from trajtrack.backends import Payload, Storage, open_storage
+from trajtrack.layouts.names import (
     WriterIdentity,
     check_template,
     parse_temp_path,
@@ -46,10 +47,10 @@ from trajtrack._names import (
     temp_path_for,
     validate_name,
 )
-from trajtrack._queue import FullPolicy, Job, PendingQueue
-from trajtrack._record import DumpRecord, encode_segment, new_writer_id, segment_path
-from trajtrack._retry import RetryPolicy
-from trajtrack._snapshot import (
+from trajtrack.layouts.records import DumpRecord, encode_segment, new_writer_id, segment_path
+from trajtrack.tracker._handle import DumpHandle
+from trajtrack.tracker._queue import FullPolicy, Job, PendingQueue
+from trajtrack.tracker._snapshot import (
     BytesPayload,
     DeferredPayload,
     NotPlainError,
@@ -62,8 +63,7 @@ from trajtrack._snapshot import (
     snapshot_plain,
     torch_save,
 )
-from trajtrack._stats import Counters, TrackerStatistics
-from trajtrack.backends import Payload, Storage, open_storage
+from trajtrack.tracker._stats import Counters, TrackerStatistics
 
 __all__ = ["Tracker", "TrackerState"]
 

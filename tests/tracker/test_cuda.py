@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trajtrack import Tracker
-from trajtrack._snapshot import has_cuda_tensor, snapshot_plain
+from trajtrack.tracker._snapshot import has_cuda_tensor, snapshot_plain
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trajtrack._names import RECORDS_DIR, WriterIdentity
+from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity
 
 __all__ = ["RECORDS_PREFIX", "DumpRecord", "decode_segment", "encode_segment", "new_writer_id"]
 

@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from trajtrack._exceptions import DumpLoadError, TrajtrackError, UnsafeLoadError
-from trajtrack._numeric import mismatch
-from trajtrack._reader import DumpInfo, Run, gather_bounded
-from trajtrack._safe_load import check_loadable, load_dump_bytes
+from trajtrack.reader._numeric import mismatch
+from trajtrack.reader._run import DumpInfo, Run, gather_bounded
+from trajtrack.reader._safe_load import check_loadable, load_dump_bytes
 
 __all__ = [
     "Difference",

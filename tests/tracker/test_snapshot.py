@@ -1,4 +1,4 @@
-"""The plain-data snapshot (trajtrack._snapshot): copies that later mutation cannot reach."""
+"""The plain-data snapshot (tracker/_snapshot.py): copies that later mutation cannot reach."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trajtrack._exceptions import SerializationError
-from trajtrack._snapshot import (
+from trajtrack.tracker._snapshot import (
     SMALL_COPY_MAX_BYTES,
     DeferredPayload,
     _small_copy,

@@ -1,4 +1,4 @@
-"""Element-wise comparison of two same-shape, same-dtype CPU tensors, for :mod:`trajtrack._diff`.
+"""Element-wise comparison of two same-shape, same-dtype CPU tensors (for ``diff``).
 
 :func:`mismatch` answers "equal within tolerance?" and, when not, the statistics ``diff``
 reports: elements outside tolerance, the largest ``|a - b|`` (NaN pairs excluded), the largest

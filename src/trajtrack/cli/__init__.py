@@ -17,13 +17,13 @@ from typing import TextIO
 import anyio
 import torch
 
-import trajtrack._cli.demo as demo
-import trajtrack._cli.diff as diff
-import trajtrack._cli.ls as ls
-import trajtrack._cli.show as show
-import trajtrack._cli.verify as verify
-from trajtrack._cli._common import EXIT_ERROR, Streams
+import trajtrack.cli.demo as demo
+import trajtrack.cli.diff as diff
+import trajtrack.cli.ls as ls
+import trajtrack.cli.show as show
+import trajtrack.cli.verify as verify
 from trajtrack._exceptions import TrajtrackError
+from trajtrack.cli._common import EXIT_ERROR, Streams
 
 __all__ = ["build_parser", "main"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trajtrack._cli._common import (
+from trajtrack.cli._common import (
     EXIT_OK,
     Streams,
     add_output_options,
@@ -14,7 +14,7 @@ from trajtrack._cli._common import (
     table,
     write_json,
 )
-from trajtrack._reader import DumpInfo, open_run
+from trajtrack.reader._run import DumpInfo, open_run
 
 __all__ = ["add_parser", "run"]
 

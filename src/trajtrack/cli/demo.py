@@ -22,13 +22,11 @@ import anyio.to_thread
 import numpy as np
 import torch
 
-import trajtrack._cli.diff as diff_command
-import trajtrack._cli.ls as ls_command
-from trajtrack._cli._common import EXIT_DIFFERENT, EXIT_OK, Streams, format_size
+import trajtrack.cli.diff as diff_command
+import trajtrack.cli.ls as ls_command
 from trajtrack._exceptions import ConfigurationError
-from trajtrack._stats import TrackerStatistics
-from trajtrack._tracker import Tracker
 from trajtrack.backends import scheme_of
+from trajtrack.cli._common import EXIT_DIFFERENT, EXIT_OK, Streams, format_size
 from trajtrack.rollout import (
     MetricsAggregator,
     RolloutBatch,
@@ -36,6 +34,8 @@ from trajtrack.rollout import (
     assemble_batch_from_rollout_samples,
     prepare_single_generation_data,
 )
+from trajtrack.tracker._stats import TrackerStatistics
+from trajtrack.tracker._tracker import Tracker
 
 __all__ = ["DemoConfig", "add_parser", "run", "simulate_run"]
 
@@ -128,8 +128,8 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
 
 
 async def _diff(url_a: str, url_b: str, streams: Streams) -> tuple[int, str | None]:
-    from trajtrack._diff import Tolerance, diff_runs
-    from trajtrack._reader import open_run
+    from trajtrack.reader._diff import Tolerance, diff_runs
+    from trajtrack.reader._run import open_run
 
     async with open_run(url_a) as run_a, open_run(url_b) as run_b:
         result = await diff_runs(run_a, run_b, tolerance=Tolerance())

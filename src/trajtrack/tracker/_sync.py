@@ -31,10 +31,10 @@ from anyio.from_thread import BlockingPortal
 
 from trajtrack._environ import getenv
 from trajtrack._exceptions import ConfigurationError, TrackerClosedError, TrackerStateError
-from trajtrack._handle import DumpHandle
 from trajtrack._progress import Progress
-from trajtrack._stats import TrackerStatistics
-from trajtrack._tracker import Tracker
+from trajtrack.tracker._handle import DumpHandle
+from trajtrack.tracker._stats import TrackerStatistics
+from trajtrack.tracker._tracker import Tracker
 
 __all__ = ["SyncTracker", "dump_data", "get_tracker", "is_enabled"]
 

@@ -12,7 +12,7 @@ import anyio.to_thread
 import numpy as np
 import torch
 
-from trajtrack._cli._common import (
+from trajtrack.cli._common import (
     EXIT_OK,
     Streams,
     add_output_options,
@@ -20,7 +20,7 @@ from trajtrack._cli._common import (
     format_time,
     write_json,
 )
-from trajtrack._reader import open_run
+from trajtrack.reader._run import open_run
 
 __all__ = ["add_parser", "describe", "run"]
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from trajtrack._exceptions import DumpLoadError, UnsafeLoadError
-from trajtrack._weights_only import RestrictedLoader, restricted_loader
+from trajtrack.reader._weights_only import RestrictedLoader, restricted_loader
 
 __all__ = ["allowed_globals", "check_loadable", "load_dump_bytes"]
 

@@ -8,7 +8,9 @@ from typing import Any, Literal
 
 import anyio.to_thread
 
-from trajtrack._cli._common import (
+from trajtrack._exceptions import StorageNotFoundError
+from trajtrack.backends._protocol import checksum_of
+from trajtrack.cli._common import (
     EXIT_DIFFERENT,
     EXIT_OK,
     Streams,
@@ -18,9 +20,7 @@ from trajtrack._cli._common import (
     table,
     write_json,
 )
-from trajtrack._exceptions import StorageNotFoundError
-from trajtrack._reader import DumpInfo, Run, gather_bounded, open_run
-from trajtrack.backends._protocol import checksum_of
+from trajtrack.reader._run import DumpInfo, Run, gather_bounded, open_run
 
 __all__ = ["Finding", "add_parser", "run", "verify_run"]
 

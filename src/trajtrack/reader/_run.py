@@ -6,8 +6,8 @@ all writers with the latest commit of a path winning; files present in the stora
 record (the last seconds before a crash, or files copied in by hand) are listed too, flagged
 ``recorded=False``. Temporary files and trajtrack's own files are never listed.
 
-Loading is safe by default (see :mod:`trajtrack._safe_load`). The API is async; :class:`SyncRun`
-wraps it for synchronous callers (the CLI, notebooks).
+Loading is safe by default (see :mod:`trajtrack.reader._safe_load`). The API is async;
+:class:`SyncRun` wraps it for synchronous callers (the CLI, notebooks).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import anyio.to_thread
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from trajtrack._exceptions import StorageNotFoundError
-from trajtrack._names import is_internal_path, parse_temp_path
-from trajtrack._record import RECORDS_PREFIX, DumpRecord, decode_segment
-from trajtrack._safe_load import load_dump_bytes
 from trajtrack.backends import FileInfo, Storage, open_storage
 from trajtrack.backends.local import LocalStorage
+from trajtrack.layouts.names import is_internal_path, parse_temp_path
+from trajtrack.layouts.records import RECORDS_PREFIX, DumpRecord, decode_segment
+from trajtrack.reader._safe_load import load_dump_bytes
 
 __all__ = ["DumpInfo", "Run", "RunListing", "SyncRun", "gather_bounded", "open_run"]
 

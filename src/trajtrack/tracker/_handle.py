@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from trajtrack._record import DumpRecord
+from trajtrack.layouts.records import DumpRecord
 
 __all__ = ["DumpHandle"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trajtrack._cli._common import (
+from trajtrack.cli._common import (
     Streams,
     add_output_options,
     non_negative_float,
@@ -13,8 +13,8 @@ from trajtrack._cli._common import (
     progress_callback,
     write_json,
 )
-from trajtrack._diff import Difference, DumpComparison, RunDiff, Tolerance, diff_runs
-from trajtrack._reader import open_run
+from trajtrack.reader._diff import Difference, DumpComparison, RunDiff, Tolerance, diff_runs
+from trajtrack.reader._run import open_run
 
 __all__ = ["add_parser", "render", "run"]
 
