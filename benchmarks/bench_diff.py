@@ -47,7 +47,7 @@ import torch
 import trajtrack
 from trajtrack.backends import open_storage
 from trajtrack.layouts.names import is_internal_path
-from trajtrack.reader._run import gather_bounded
+from trajtrack.reader import gather_bounded
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import cluster_env, with_hdfs_cluster

@@ -27,16 +27,14 @@ from trajtrack._exceptions import (
 )
 from trajtrack._retry import RetryPolicy as RetryPolicy
 from trajtrack.layouts.records import DumpRecord as DumpRecord
-from trajtrack.reader._diff import (
+from trajtrack.reader import (
+    DumpInfo as DumpInfo,
+    Run as Run,
     RunDiff as RunDiff,
+    SyncRun as SyncRun,
     Tolerance as Tolerance,
     compare as compare,
     diff_runs as diff_runs,
-)
-from trajtrack.reader._run import (
-    DumpInfo as DumpInfo,
-    Run as Run,
-    SyncRun as SyncRun,
     open_run as open_run,
 )
 from trajtrack.tracker._handle import DumpHandle as DumpHandle

@@ -13,7 +13,7 @@ from trajtrack import DumpExistsError, StorageNotFoundError
 from trajtrack.backends import Storage
 from trajtrack.backends._protocol import checksum_of
 from trajtrack.layouts.names import is_internal_path, parse_temp_path
-from trajtrack.tracker._snapshot import BytesPayload
+from trajtrack.tracker._payloads import BytesPayload
 
 
 class _Exploding:

@@ -10,7 +10,7 @@ import pytest
 from trajtrack import ConfigurationError, StoragePermissionError
 from trajtrack.backends import Storage, open_storage
 from trajtrack.backends.local import LocalStorage
-from trajtrack.tracker._snapshot import BytesPayload
+from trajtrack.tracker._payloads import BytesPayload
 
 from .contract import StorageContract
 

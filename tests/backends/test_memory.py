@@ -21,7 +21,7 @@ class TestMemoryContract(StorageContract):
 
 
 async def test_stores_are_shared_by_name() -> None:
-    from trajtrack.tracker._snapshot import BytesPayload
+    from trajtrack.tracker._payloads import BytesPayload
 
     writer = MemoryStorage("memory://shared/run1")
     reader = MemoryStorage("memory://shared/run1")

@@ -223,7 +223,7 @@ async def test_unreachable_cluster_fails_prepare_with_a_clear_error() -> None:
 
 
 async def test_write_to_a_dead_namenode_is_retryable() -> None:
-    from trajtrack.tracker._snapshot import BytesPayload
+    from trajtrack.tracker._payloads import BytesPayload
 
     storage = open_storage(f"webhdfs://127.0.0.1:{_dead_port()}/x", timeout=2)
     with pytest.raises(StorageUnavailableError) as caught:

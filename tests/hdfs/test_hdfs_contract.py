@@ -11,7 +11,7 @@ from backends.contract import StorageContract
 from trajtrack import ConfigurationError, StorageError, StoragePermissionError
 from trajtrack.backends import Storage, open_storage
 from trajtrack.backends.webhdfs import WebHdfsStorage
-from trajtrack.tracker._snapshot import BytesPayload
+from trajtrack.tracker._payloads import BytesPayload
 
 pytestmark = pytest.mark.hdfs
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from trajtrack.tracker._snapshot import FORK_GATE
+from trajtrack.tracker._forkgate import FORK_GATE
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 

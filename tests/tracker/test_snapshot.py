@@ -10,12 +10,8 @@ import pytest
 import torch
 
 from trajtrack._exceptions import SerializationError
-from trajtrack.tracker._snapshot import (
-    SMALL_COPY_MAX_BYTES,
-    DeferredPayload,
-    _small_copy,
-    snapshot_plain,
-)
+from trajtrack.tracker._payloads import DeferredPayload
+from trajtrack.tracker._snapshot import SMALL_COPY_MAX_BYTES, _small_copy, snapshot_plain
 
 
 @pytest.mark.parametrize(

@@ -14,14 +14,23 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from trajtrack._exceptions import ConfigurationError, MissingDependencyError
-from trajtrack.backends._protocol import FileInfo, Payload, Storage, WriteResult
+from trajtrack.backends._protocol import (
+    ChecksumWriter,
+    FileInfo,
+    Payload,
+    Storage,
+    WriteResult,
+    checksum_of,
+)
 
 __all__ = [
+    "ChecksumWriter",
     "FileInfo",
     "Payload",
     "Storage",
     "StorageFactory",
     "WriteResult",
+    "checksum_of",
     "open_storage",
     "register_backend",
     "scheme_of",

@@ -128,8 +128,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
 
 
 async def _diff(url_a: str, url_b: str, streams: Streams) -> tuple[int, str | None]:
-    from trajtrack.reader._diff import Tolerance, diff_runs
-    from trajtrack.reader._run import open_run
+    from trajtrack.reader import Tolerance, diff_runs, open_run
 
     async with open_run(url_a) as run_a, open_run(url_b) as run_b:
         result = await diff_runs(run_a, run_b, tolerance=Tolerance())

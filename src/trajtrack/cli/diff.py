@@ -13,8 +13,7 @@ from trajtrack.cli._common import (
     progress_callback,
     write_json,
 )
-from trajtrack.reader._diff import Difference, DumpComparison, RunDiff, Tolerance, diff_runs
-from trajtrack.reader._run import open_run
+from trajtrack.reader import Difference, DumpComparison, RunDiff, Tolerance, diff_runs, open_run
 
 __all__ = ["add_parser", "render", "run"]
 

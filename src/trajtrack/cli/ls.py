@@ -14,7 +14,7 @@ from trajtrack.cli._common import (
     table,
     write_json,
 )
-from trajtrack.reader._run import DumpInfo, open_run
+from trajtrack.reader import DumpInfo, open_run
 
 __all__ = ["add_parser", "run"]
 

@@ -20,7 +20,7 @@ from trajtrack.cli._common import (
     format_time,
     write_json,
 )
-from trajtrack.reader._run import open_run
+from trajtrack.reader import open_run
 
 __all__ = ["add_parser", "describe", "run"]
 

@@ -20,7 +20,7 @@ from trajtrack.cli._common import (
     table,
     write_json,
 )
-from trajtrack.reader._run import DumpInfo, Run, gather_bounded, open_run
+from trajtrack.reader import DumpInfo, Run, gather_bounded, open_run
 
 __all__ = ["Finding", "add_parser", "run", "verify_run"]
 

@@ -44,13 +44,9 @@ from trajtrack.layouts.names import WriterIdentity, validate_name
 from trajtrack.ray._actor import TrackerActor
 from trajtrack.ray._channel import ChannelBrokenError, ChannelClient, Endpoints, Payload, Who
 from trajtrack.ray._wire import Captured, capture, decode, encode
-from trajtrack.tracker._snapshot import (
-    NotPlainError,
-    ObjectPayload,
-    measure_plain,
-    snapshot_plain,
-    torch_save,
-)
+from trajtrack.tracker._payloads import ObjectPayload
+from trajtrack.tracker._serialize import torch_save
+from trajtrack.tracker._snapshot import NotPlainError, measure_plain, snapshot_plain
 from trajtrack.tracker._sync import _destination_from_env, _exit_timeout_from_env, is_enabled
 from trajtrack.tracker._tracker import add_note
 

@@ -4,8 +4,44 @@ Read the modules in this order::
 
     _run.py        Run / SyncRun / open_run: the list of dumps (record + listing), reading
     _safe_load.py  loading a dump safely (weights-only, trajtrack's allow-list)
-    _diff.py       compare(): the structural walk; diff_runs(): two runs dump by dump
-    _numeric.py    element-wise comparison of two tensors
+    _compare.py    compare(): the structural walk over two objects, with a Tolerance
+    _numeric.py    element-wise comparison of two tensors (the hot loop of compare)
+    _diff.py       diff_runs(): two runs paired by name, compared dump by dump
+
+The CLI (:mod:`trajtrack.cli`) is built on these names; so can be any other tool.
 """
 
 from __future__ import annotations
+
+from trajtrack.reader._compare import Difference, Tolerance, compare
+from trajtrack.reader._diff import DumpComparison, RunDiff, diff_runs
+from trajtrack.reader._run import (
+    DumpInfo,
+    Run,
+    RunListing,
+    SyncRun,
+    dump_order,
+    gather_bounded,
+    matches,
+    open_run,
+)
+from trajtrack.reader._safe_load import check_loadable, load_dump_bytes
+
+__all__ = [
+    "Difference",
+    "DumpComparison",
+    "DumpInfo",
+    "Run",
+    "RunDiff",
+    "RunListing",
+    "SyncRun",
+    "Tolerance",
+    "check_loadable",
+    "compare",
+    "diff_runs",
+    "dump_order",
+    "gather_bounded",
+    "load_dump_bytes",
+    "matches",
+    "open_run",
+]

@@ -49,19 +49,20 @@ from trajtrack.layouts.names import (
 )
 from trajtrack.layouts.records import DumpRecord, encode_segment, new_writer_id, segment_path
 from trajtrack.tracker._handle import DumpHandle
-from trajtrack.tracker._queue import FullPolicy, Job, PendingQueue
-from trajtrack.tracker._snapshot import (
+from trajtrack.tracker._payloads import (
     BytesPayload,
     DeferredPayload,
-    NotPlainError,
     ObjectPayload,
-    Serializer,
-    has_cuda_tensor,
-    measure_plain,
     serialize_to_file,
     serialize_to_spool,
+)
+from trajtrack.tracker._queue import FullPolicy, Job, PendingQueue
+from trajtrack.tracker._serialize import Serializer, torch_save
+from trajtrack.tracker._snapshot import (
+    NotPlainError,
+    has_cuda_tensor,
+    measure_plain,
     snapshot_plain,
-    torch_save,
 )
 from trajtrack.tracker._stats import Counters, TrackerStatistics
 

@@ -1,0 +1,71 @@
+"""Keeps ``fork()`` from happening while one of trajtrack's threads is inside torch."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Final
+
+__all__ = ["FORK_GATE", "FORK_WAIT"]
+
+FORK_WAIT: Final = 2.0  # seconds fork() waits for our threads to leave torch
+
+
+class _ForkGate:
+    """Keeps ``fork()`` from happening while one of our threads is inside torch.
+
+    A child inherits every lock held at the moment of the fork, but none of the threads that
+    would release them: if an upload thread is in the middle of ``torch.save`` (or a snapshot
+    copy) when the user's code forks, torch locks it held stay locked forever in the child.
+    Before a fork, this gate stops new torch work by trajtrack's threads and waits (at most
+    :data:`FORK_WAIT` seconds, so a fork is never blocked for long) for the current work to end.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._forking = False
+
+    @contextlib.contextmanager
+    def torch_work(self) -> Iterator[None]:
+        with self._cond:
+            while self._forking:
+                self._cond.wait()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                if not self._active:
+                    self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        self._cond.acquire()  # held across the fork: no torch work starts meanwhile
+        self._forking = True
+        deadline = time.monotonic() + FORK_WAIT
+        while self._active:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._cond.wait(remaining)
+
+    def after_fork_in_parent(self) -> None:
+        self._forking = False
+        self._cond.notify_all()
+        self._cond.release()
+
+    def after_fork_in_child(self) -> None:
+        self.__init__()  # type: ignore[misc]  # the child has none of the parent's threads
+
+
+FORK_GATE = _ForkGate()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=FORK_GATE.before_fork,
+        after_in_parent=FORK_GATE.after_fork_in_parent,
+        after_in_child=FORK_GATE.after_fork_in_child,
+    )
