@@ -21,6 +21,7 @@ from trajtrack._exceptions import (
     StoragePermissionError as StoragePermissionError,
     StorageUnavailableError as StorageUnavailableError,
     TrackerClosedError as TrackerClosedError,
+    TrackerFailedError as TrackerFailedError,
     TrackerStateError as TrackerStateError,
     TrajtrackError as TrajtrackError,
     UnsafeLoadError as UnsafeLoadError,
@@ -37,16 +38,17 @@ from trajtrack.reader import (
     diff_runs as diff_runs,
     open_run as open_run,
 )
-from trajtrack.tracker._handle import DumpHandle as DumpHandle
-from trajtrack.tracker._queue import FullPolicy as FullPolicy
-from trajtrack.tracker._stats import TrackerStatistics as TrackerStatistics
-from trajtrack.tracker._sync import (
+from trajtrack.tracker import (
+    DumpHandle as DumpHandle,
+    FullPolicy as FullPolicy,
     SyncTracker as SyncTracker,
+    Tracker as Tracker,
+    TrackerState as TrackerState,
+    TrackerStatistics as TrackerStatistics,
     dump_data as dump_data,
     get_tracker as get_tracker,
     is_enabled as is_enabled,
 )
-from trajtrack.tracker._tracker import Tracker as Tracker, TrackerState as TrackerState
 
 __version__ = "0.1.0"
 
@@ -75,6 +77,7 @@ __all__ = (
     "Tolerance",
     "Tracker",
     "TrackerClosedError",
+    "TrackerFailedError",
     "TrackerState",
     "TrackerStatistics",
     "TrajtrackError",

@@ -7,7 +7,8 @@ The tree::
     ├── ConfigurationError          (also ValueError)      bad option, URL or missing environment
     ├── MissingDependencyError      (also ImportError)     an optional extra is not installed
     ├── TrackerStateError           (also RuntimeError)    the tracker is not in a state to do that
-    │   └── TrackerClosedError                             dump/flush after close
+    │   ├── TrackerClosedError                             dump/flush after close
+    │   └── TrackerFailedError                             its background task died (``__cause__``)
     ├── QueueFullError                                     full queue under the ``raise`` policy
     ├── DumpDroppedError                                   a dump discarded by a drop policy
     ├── SerializationError          (also TypeError)       the object cannot be serialized
@@ -39,6 +40,7 @@ __all__ = [
     "StoragePermissionError",
     "StorageUnavailableError",
     "TrackerClosedError",
+    "TrackerFailedError",
     "TrackerStateError",
     "TrajtrackError",
     "UnsafeLoadError",
@@ -67,6 +69,14 @@ class TrackerStateError(TrajtrackError, RuntimeError):
 
 class TrackerClosedError(TrackerStateError):
     """The tracker is closed (or closing) and accepts no more dumps."""
+
+
+class TrackerFailedError(TrackerStateError):
+    """The tracker's background task failed; it accepts no more dumps.
+
+    Raised by every dump, ``flush`` and ``close`` after the failure, and set on every dump that
+    was pending then. The original error is the ``__cause__``.
+    """
 
 
 class QueueFullError(TrajtrackError):

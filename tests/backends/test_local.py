@@ -73,6 +73,57 @@ async def test_symlink_out_of_the_destination_is_refused(tmp_path: Path) -> None
     assert list(outside.iterdir()) == []
 
 
+async def test_no_directory_is_created_outside_through_a_link(tmp_path: Path) -> None:
+    # The link is an intermediate directory: the old mkdir(parents=True) created
+    # outside/newdir before the containment check refused the write.
+    outside, dest = tmp_path / "outside", tmp_path / "dest"
+    outside.mkdir()
+    dest.mkdir()
+    (dest / "link").symlink_to(outside, target_is_directory=True)
+    storage = LocalStorage(str(dest))
+    await storage.prepare()
+    with pytest.raises(StoragePermissionError, match="outside the destination"):
+        await storage.write_atomic("link/newdir/deeper/x.pth", BytesPayload(b"x"), overwrite=True)
+    assert list(outside.iterdir()) == []
+
+
+async def test_a_link_that_stays_inside_may_be_written_through(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    (dest / "real").mkdir(parents=True)
+    (dest / "alias").symlink_to(dest / "real", target_is_directory=True)
+    storage = LocalStorage(str(dest))
+    await storage.prepare()
+    await storage.write_atomic("alias/new/x.pth", BytesPayload(b"x"), overwrite=True)
+    assert (dest / "real" / "new" / "x.pth").read_bytes() == b"x"
+
+
+async def test_reads_never_follow_a_link_out_of_the_destination(tmp_path: Path) -> None:
+    dest, secret = tmp_path / "dest", tmp_path / "secret.txt"
+    dest.mkdir()
+    secret.write_bytes(b"top secret")
+    (dest / "linked.pth").symlink_to(secret)
+    (dest / "real.pth").write_bytes(b"fine")
+    storage = LocalStorage(str(dest))
+    await storage.prepare()
+    with pytest.raises(StoragePermissionError):
+        await storage.read("linked.pth")
+    with pytest.raises(StoragePermissionError):
+        await storage.read_range("linked.pth", 0, 3)
+    listed = {info.path: info.outside for info in await storage.list()}
+    assert listed == {"linked.pth": True, "real.pth": False}
+
+
+@pytest.mark.parametrize("path", ["../x.pth", "/etc/passwd", "a/../../x", "a//b", "a\\b"])
+async def test_paths_that_could_leave_the_root_are_refused(tmp_path: Path, path: str) -> None:
+    storage = LocalStorage(str(tmp_path / "dest"))
+    await storage.prepare()
+    with pytest.raises(StoragePermissionError):
+        await storage.read(path)
+    with pytest.raises(StoragePermissionError):
+        await storage.write_atomic(path, BytesPayload(b"x"), overwrite=True)
+    assert not (tmp_path / "x.pth").exists()
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
 async def test_read_only_destination(tmp_path: Path) -> None:
     dest = tmp_path / "ro"

@@ -74,8 +74,8 @@ class _ThrottledPayload:
 class ThrottledLocalStorage(LocalStorage):
     """The local backend writing at a slow disk's pace, so uploads are often mid-write."""
 
-    def _write_temp(self, temp: Any, payload: Any) -> Any:
-        return super()._write_temp(temp, _ThrottledPayload(payload))
+    def _write_temp(self, directory: int, temp: str, payload: Any) -> Any:
+        return super()._write_temp(directory, temp, _ThrottledPayload(payload))
 
 
 def _throttled_factory(url: str, **options: Any) -> LocalStorage:

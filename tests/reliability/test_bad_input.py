@@ -420,10 +420,10 @@ class _FaultyLocal(LocalStorage):
 
     fault: int | None = None
 
-    def _write_temp(self, temp: Path, payload: Any) -> Any:
+    def _write_temp(self, directory: int, temp: str, payload: Any) -> Any:
         if self.fault is not None:
-            raise OSError(self.fault, __import__("os").strerror(self.fault), str(temp))
-        return super()._write_temp(temp, payload)
+            raise OSError(self.fault, __import__("os").strerror(self.fault), temp)
+        return super()._write_temp(directory, temp, payload)
 
 
 @pytest.mark.parametrize(

@@ -140,8 +140,8 @@ class _Unpicklable:
 
 
 class _Failing(LocalStorage):
-    def _write_temp(self, temp: Path, payload: Any) -> Any:
-        raise OSError(28, "No space left on device", str(temp))
+    def _write_temp(self, directory: int, temp: str, payload: Any) -> Any:
+        raise OSError(28, "No space left on device", temp)
 
 
 async def test_logs_never_contain_dump_contents(

@@ -10,7 +10,18 @@ import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, runtime_checkable
 
-__all__ = ["ChecksumWriter", "FileInfo", "Payload", "Storage", "WriteResult"]
+from trajtrack._exceptions import StoragePermissionError
+
+__all__ = [
+    "ChecksumWriter",
+    "FileInfo",
+    "Payload",
+    "Storage",
+    "WriteResult",
+    "check_range",
+    "check_relative",
+    "checksum_of",
+]
 
 
 class Payload(Protocol):
@@ -32,11 +43,20 @@ class Payload(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class FileInfo:
-    """A file in a storage, relative to the storage's root."""
+    """A file in a storage, relative to the storage's root.
+
+    Attributes:
+        path: Relative, ``/``-separated.
+        size: Bytes.
+        mtime: Modification time (seconds since the epoch), when known.
+        outside: The path leads outside the storage's root (a symbolic link planted in a
+            local destination): listed so that readers can report it, never read.
+    """
 
     path: str
     size: int
     mtime: float | None = None
+    outside: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +80,24 @@ class Storage(Protocol):
         """The destination this storage writes to, for messages and records."""
         ...
 
+    @property
+    def spool_dir(self) -> str | None:
+        """A local directory on the storage's own filesystem, for spooling large payloads.
+
+        A payload spooled there (:class:`~trajtrack.tracker._payloads.FilePayload`) is moved
+        into place by rename instead of being copied. ``None`` when there is no such place
+        (remote storages): the tracker then spools in the system's temporary directory.
+        """
+        ...
+
+    def local_path(self, path: str) -> str | None:
+        """The local filesystem path of *path* (``""``: the root), or ``None`` if not local.
+
+        A capability, not a check: the file need not exist. Readers use it to open local
+        files directly (``mmap``) and to tell a missing destination from an empty one.
+        """
+        ...
+
     async def prepare(self) -> None:
         """Check the destination is usable and create its root; called once at tracker start."""
         ...
@@ -74,6 +112,17 @@ class Storage(Protocol):
 
     async def read(self, path: str) -> bytes:
         """Return the whole content of *path* (``StorageNotFoundError`` if missing)."""
+        ...
+
+    async def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Return *length* bytes of *path* from *offset* (fewer only at the end of the file).
+
+        One request however large the file (a shard member is one ranged read).
+
+        Raises:
+            StorageNotFoundError: *path* does not exist.
+            ValueError: *offset* or *length* is negative.
+        """
         ...
 
     async def list(self, prefix: str = "") -> list[FileInfo]:
@@ -126,3 +175,32 @@ class ChecksumWriter:
 def checksum_of(data: bytes | memoryview) -> str:
     """The checksum string of a whole buffer, as :class:`ChecksumWriter` computes it."""
     return f"crc32:{zlib.crc32(data):08x}"
+
+
+def check_relative(path: str) -> str:
+    """Return *path* if it is a relative path that stays below a storage's root.
+
+    Backends call it on every path they are given (also their own temporary and record
+    paths, which may start with ``.``): absolute paths, ``.``/``..`` and empty segments,
+    backslashes and NUL bytes are refused, so no caller -- a hostile record included -- can
+    make a storage reach outside its root by name.
+
+    Raises:
+        StoragePermissionError: The path could leave the root.
+    """
+    parts = path.split("/")
+    if (
+        not path
+        or path.startswith("/")
+        or "\\" in path
+        or "\x00" in path
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise StoragePermissionError(f"refusing the path {path!r}: it could leave the storage")
+    return path
+
+
+def check_range(offset: int, length: int) -> None:
+    """Refuse a negative offset or length (``ValueError``)."""
+    if offset < 0 or length < 0:
+        raise ValueError(f"a ranged read needs offset >= 0 and length >= 0, not {offset}, {length}")

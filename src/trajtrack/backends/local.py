@@ -17,6 +17,7 @@ import builtins
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -30,12 +31,21 @@ from trajtrack._exceptions import (
     StorageNotFoundError,
     StoragePermissionError,
 )
-from trajtrack.backends._protocol import ChecksumWriter, FileInfo, Payload, WriteResult
+from trajtrack.backends._protocol import (
+    ChecksumWriter,
+    FileInfo,
+    Payload,
+    WriteResult,
+    check_range,
+    check_relative,
+)
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
 __all__ = ["LocalStorage"]
 
 _WRITE_BUFFER = 1 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def _read_umask() -> int:
@@ -92,9 +102,12 @@ class LocalStorage:
         return self._root
 
     @property
-    def spool_dir(self) -> Path:
+    def spool_dir(self) -> str:
         """Where the tracker spools large snapshots: on this filesystem, so they move by rename."""
-        return self._root / RECORDS_DIR / "spool"
+        return str(self._root / RECORDS_DIR / "spool")
+
+    def local_path(self, path: str) -> str:
+        return str(self._resolve(path)) if path else str(self._root)
 
     async def prepare(self) -> None:
         await anyio.to_thread.run_sync(self._prepare_sync)
@@ -104,56 +117,98 @@ class LocalStorage:
             raise ConfigurationError(f"destination {self._root} exists and is not a directory")
         with _translated(str(self._root)):
             self._root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
-            self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.close(self._open_dir([RECORDS_DIR, "spool"], mode=0o700))
             if not os.access(self._root, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "destination is not writable", str(self._root))
         self._real_root = os.path.realpath(self._root)
 
     def _resolve(self, path: str) -> Path:
-        return self._root.joinpath(*path.split("/"))
+        return self._root.joinpath(*check_relative(path).split("/"))
 
-    def _check_inside(self, directory: Path) -> None:
+    def _check_inside(self, target: Path) -> None:
         # Names cannot contain "..", but a symlink planted inside the destination could still
-        # lead outside it: refuse to write through one.
+        # lead outside it: refuse to go through one.
         real_root = self._real_root or os.path.realpath(self._root)
-        real = os.path.realpath(directory)
+        real = os.path.realpath(target)
         if real != real_root and not real.startswith(real_root + os.sep):
             raise StoragePermissionError(
-                f"refusing to write to {directory}: it resolves outside the destination "
+                f"refusing to use {target}: it resolves outside the destination "
                 f"({real}), through a symbolic link"
             )
+
+    def _open_dir(self, parts: builtins.list[str], mode: int | None = None) -> int:
+        """A descriptor of the directory ``root/parts...``, creating what is missing.
+
+        Each level is created and opened relative to its parent's descriptor, and a level that
+        is a symbolic link is followed only when it resolves inside the destination: nothing
+        is ever created outside it, whatever links the destination holds.
+        """
+        fd = os.open(self._root, _DIR_FLAGS)
+        try:
+            for depth, part in enumerate(parts, start=1):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, self._dir_mode if mode is None else mode, dir_fd=fd)
+                child = self._open_child(fd, part, parts[:depth])
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _open_child(self, parent: int, part: str, parts: builtins.list[str]) -> int:
+        try:
+            return os.open(part, _DIR_FLAGS | _NOFOLLOW, dir_fd=parent)
+        except OSError as exc:  # ELOOP, or ENOTDIR for a link with O_DIRECTORY on Linux
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            if not stat.S_ISLNK(os.stat(part, dir_fd=parent, follow_symlinks=False).st_mode):
+                raise
+        target = self._root.joinpath(*parts)  # a symbolic link: only if it stays inside
+        self._check_inside(target)
+        return os.open(target, _DIR_FLAGS)
 
     async def write_atomic(self, path: str, payload: Payload, *, overwrite: bool) -> WriteResult:
         return await anyio.to_thread.run_sync(self._write_sync, path, payload, overwrite)
 
     def _write_sync(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
         final = self._resolve(path)
-        temp = self._resolve(temp_path_for(path, self._who))
+        *parents, name = path.split("/")
+        temp = temp_path_for(name, self._who)
         with _translated(str(final)):
-            final.parent.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
-            self._check_inside(final.parent)
+            directory = self._open_dir(parents)
             try:
-                result = self._move_spool(temp, payload) or self._write_temp(temp, payload)
-                self._publish(temp, final, overwrite)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(temp)
-                raise
-            if self._fsync:
-                _fsync_dir(final.parent)
+                return self._write_in(directory, temp, name, payload, overwrite)
+            finally:
+                os.close(directory)
+
+    def _write_in(
+        self, directory: int, temp: str, name: str, payload: Payload, overwrite: bool
+    ) -> WriteResult:
+        try:
+            result = self._move_spool(directory, temp, payload) or self._write_temp(
+                directory, temp, payload
+            )
+            self._publish(directory, temp, name, overwrite)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=directory)
+            raise
+        if self._fsync:
+            os.fsync(directory)
         return result
 
-    def _move_spool(self, temp: Path, payload: Payload) -> WriteResult | None:
+    def _move_spool(self, directory: int, temp: str, payload: Payload) -> WriteResult | None:
         # A payload already serialized into a spool file on this filesystem moves by rename.
         move_to = getattr(payload, "move_to", None)
-        if move_to is None or not move_to(str(temp)):
+        if move_to is None or not move_to(temp, directory):
             return None
-        os.chmod(temp, self._file_mode & ~_UMASK)
+        os.chmod(temp, self._file_mode & ~_UMASK, dir_fd=directory)
         return WriteResult(size=payload.size, checksum=payload.checksum)  # type: ignore[attr-defined]
 
-    def _write_temp(self, temp: Path, payload: Payload) -> WriteResult:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
-        fd = os.open(temp, flags, self._file_mode)
+    def _write_temp(self, directory: int, temp: str, payload: Payload) -> WriteResult:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | _NOFOLLOW
+        fd = os.open(temp, flags, self._file_mode, dir_fd=directory)
         with os.fdopen(fd, "wb", buffering=_WRITE_BUFFER) as handle:
             writer = ChecksumWriter(handle)
             payload.write_to(writer)  # type: ignore[arg-type]  # a minimal BinaryIO
@@ -162,21 +217,38 @@ class LocalStorage:
                 os.fsync(handle.fileno())
         return writer.result()
 
-    def _publish(self, temp: Path, final: Path, overwrite: bool) -> None:
+    def _publish(self, directory: int, temp: str, name: str, overwrite: bool) -> None:
         if overwrite:
-            os.replace(temp, final)
+            os.replace(temp, name, src_dir_fd=directory, dst_dir_fd=directory)
             return
         try:
-            os.link(temp, final)  # atomic: fails if `final` exists
+            # atomic: fails if `name` exists (a symbolic link included: never followed)
+            os.link(temp, name, src_dir_fd=directory, dst_dir_fd=directory, follow_symlinks=False)
         except FileExistsError:
             raise DumpExistsError(
-                f"{final} exists (existing-name policy 'error'); nothing was overwritten"
+                f"{name} exists (existing-name policy 'error'); nothing was overwritten"
             ) from None
-        os.unlink(temp)
+        os.unlink(temp, dir_fd=directory)
 
     async def read(self, path: str) -> bytes:
+        return await anyio.to_thread.run_sync(self._read_sync, path, 0, None)
+
+    async def read_range(self, path: str, offset: int, length: int) -> bytes:
+        check_range(offset, length)
+        return await anyio.to_thread.run_sync(self._read_sync, path, offset, length)
+
+    def _read_sync(self, path: str, offset: int, length: int | None) -> bytes:
         target = self._resolve(path)
-        return await anyio.to_thread.run_sync(_read_file, target)
+        with _translated(str(target)):
+            self._check_inside(target)  # a link planted in a run never leads a reader out
+            fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if length is None:
+                    with open(fd, "rb", buffering=0, closefd=False) as handle:
+                        return handle.read()  # FileIO.readall: sized by fstat
+                return os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
 
     async def list(self, prefix: str = "") -> list[FileInfo]:
         return await anyio.to_thread.run_sync(self._list_sync, prefix)
@@ -189,13 +261,22 @@ class LocalStorage:
                 rel_dir = os.path.relpath(directory, self._root)
                 for name in files:
                     rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
+                    full = os.path.join(directory, name)
                     try:
-                        st = os.stat(os.path.join(directory, name), follow_symlinks=False)
+                        st = os.stat(full, follow_symlinks=False)
                     except FileNotFoundError:
                         continue  # a temporary file renamed away while we listed
-                    found.append(FileInfo(rel, st.st_size, st.st_mtime))
+                    outside = stat.S_ISLNK(st.st_mode) and not self._inside(full)
+                    found.append(FileInfo(rel, st.st_size, st.st_mtime, outside=outside))
         found.sort(key=lambda info: info.path)
         return found
+
+    def _inside(self, target: str) -> bool:
+        try:
+            self._check_inside(Path(target))
+        except StoragePermissionError:
+            return False
+        return True
 
     async def stat(self, path: str) -> FileInfo | None:
         return await anyio.to_thread.run_sync(self._stat_sync, path)
@@ -223,14 +304,6 @@ class LocalStorage:
         return f"LocalStorage({str(self._root)!r})"
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _translate(exc: OSError, where: str) -> StorageError:
     message = f"{where}: {exc.strerror or exc}"
     if isinstance(exc, PermissionError) or exc.errno == errno.EROFS:
@@ -240,11 +313,6 @@ def _translate(exc: OSError, where: str) -> StorageError:
     if exc.errno == errno.ENOSPC:
         return StorageError(f"{where}: no space left on the device")
     return StorageError(message)
-
-
-def _read_file(target: Path) -> bytes:
-    with _translated(str(target)), open(target, "rb", buffering=0) as handle:
-        return handle.read()  # FileIO.readall: sized by fstat, grows if the file does
 
 
 @contextlib.contextmanager

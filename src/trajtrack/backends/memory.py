@@ -17,7 +17,14 @@ import anyio
 import anyio.to_thread
 
 from trajtrack._exceptions import DumpExistsError, StorageNotFoundError
-from trajtrack.backends._protocol import ChecksumWriter, FileInfo, Payload, WriteResult
+from trajtrack.backends._protocol import (
+    ChecksumWriter,
+    FileInfo,
+    Payload,
+    WriteResult,
+    check_range,
+    check_relative,
+)
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
 
 __all__ = ["MemoryStorage"]
@@ -60,6 +67,13 @@ class MemoryStorage:
     def url(self) -> str:
         return self._url
 
+    @property
+    def spool_dir(self) -> None:
+        return None
+
+    def local_path(self, path: str) -> None:
+        return None
+
     @classmethod
     def reset(cls, store: str | None = None) -> None:
         """Forget one store (or all of them)."""
@@ -71,6 +85,7 @@ class MemoryStorage:
                 cls._stores.get(store, {}).clear()
 
     def _key(self, path: str) -> str:
+        check_relative(path)
         return f"{self._prefix}/{path}" if self._prefix else path
 
     def _check(self, operation: str, path: str) -> None:
@@ -104,6 +119,10 @@ class MemoryStorage:
         if entry is None:
             raise StorageNotFoundError(f"{self._url}/{path} does not exist")
         return entry[0]
+
+    async def read_range(self, path: str, offset: int, length: int) -> bytes:
+        check_range(offset, length)
+        return (await self.read(path))[offset : offset + length]
 
     async def list(self, prefix: str = "") -> list[FileInfo]:
         await anyio.to_thread.run_sync(self._check, "list", prefix)

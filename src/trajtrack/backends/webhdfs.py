@@ -27,7 +27,6 @@ import os
 import queue
 import tempfile
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -48,8 +47,16 @@ from trajtrack._exceptions import (
     StorageNotFoundError,
     StorageUnavailableError,
 )
+from trajtrack._retry import RetryPolicy, retry_sync
 from trajtrack.backends._hadoop_conf import WebHdfsTarget, resolve_target
-from trajtrack.backends._protocol import ChecksumWriter, FileInfo, Payload, WriteResult
+from trajtrack.backends._protocol import (
+    ChecksumWriter,
+    FileInfo,
+    Payload,
+    WriteResult,
+    check_range,
+    check_relative,
+)
 from trajtrack.backends._webhdfs_errors import translate
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
 
@@ -194,6 +201,13 @@ class WebHdfsStorage:
         return self._url
 
     @property
+    def spool_dir(self) -> None:
+        return None  # remote: large snapshots spool in the local temporary directory
+
+    def local_path(self, path: str) -> None:
+        return None
+
+    @property
     def namenodes(self) -> tuple[str, ...]:
         """The WebHDFS endpoints in use."""
         return self._target.namenodes
@@ -239,7 +253,7 @@ class WebHdfsStorage:
         path = path.strip("/")
         if not path:
             return self._target.root
-        return self._target.root.rstrip("/") + "/" + path
+        return self._target.root.rstrip("/") + "/" + check_relative(path)
 
     def _call(self, client: Client, what: str, func: Callable[[], T]) -> T:
         try:
@@ -266,31 +280,33 @@ class WebHdfsStorage:
         await self._run(self._prepare_sync)
 
     def _prepare_sync(self) -> None:
+        policy = RetryPolicy(
+            initial_backoff=0.2, max_backoff=5.0, deadline=self._prepare_timeout, jitter=0.0
+        )
+        nodes = ", ".join(self._target.namenodes)
+        try:
+            retry_sync(
+                policy,
+                self._make_root,
+                what=f"preparing {self._url}",
+                on_retry=lambda _n, delay, exc: logger.debug(
+                    "preparing %s: %s; retrying in %.1f s", self._url, exc, delay
+                ),
+            )
+        except StorageUnavailableError as exc:
+            raise StorageUnavailableError(
+                f"HDFS at {nodes} is unreachable or not ready: {exc}",
+                remote_exception=exc.remote_exception,
+            ) from exc
+
+    def _make_root(self) -> None:
         root = self._target.root
-        deadline = time.monotonic() + self._prepare_timeout
-        delay = 0.2
-        while True:
-            try:
-                with self._client() as client:
-                    status = self._status(client, root)
-                    if status is not None and status.get("type") != "DIRECTORY":
-                        raise ConfigurationError(
-                            f"destination {self._url} exists and is not a directory"
-                        )
-                    if status is None:
-                        self._call(client, f"MKDIRS {root}", lambda: client.makedirs(root))
-                return
-            except StorageUnavailableError as exc:
-                if time.monotonic() + delay > deadline:
-                    raise StorageUnavailableError(
-                        f"HDFS at {', '.join(self._target.namenodes)} is unreachable or not "
-                        f"ready (gave up preparing {self._url} after {self._prepare_timeout:.0f} "
-                        f"s): {exc}",
-                        remote_exception=exc.remote_exception,
-                    ) from exc
-                logger.debug("preparing %s: %s; retrying in %.1f s", self._url, exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        with self._client() as client:
+            status = self._status(client, root)
+            if status is not None and status.get("type") != "DIRECTORY":
+                raise ConfigurationError(f"destination {self._url} exists and is not a directory")
+            if status is None:
+                self._call(client, f"MKDIRS {root}", lambda: client.makedirs(root))
 
     # ------------------------------------------------------------------ write
 
@@ -394,15 +410,22 @@ class WebHdfsStorage:
     async def read(self, path: str) -> bytes:
         return await self._run(self._read_sync, path)
 
-    def _read_sync(self, path: str) -> bytes:
+    def _read_sync(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         target = self._abs(path)
 
         def read() -> bytes:
-            with client.read(target) as reader:
+            # OPEN with offset/length: one request, the DataNode sends only that range.
+            with client.read(target, offset=offset, length=length) as reader:
                 return reader.read()  # type: ignore[no-any-return]
 
         with self._client() as client:
             return self._call(client, f"OPEN {target}", read)
+
+    async def read_range(self, path: str, offset: int, length: int) -> bytes:
+        check_range(offset, length)
+        if length == 0:
+            return b""
+        return await self._run(self._read_sync, path, offset, length)
 
     async def list(self, prefix: str = "") -> list[FileInfo]:
         return await self._run(self._list_sync, prefix)

@@ -34,8 +34,7 @@ from trajtrack.rollout import (
     assemble_batch_from_rollout_samples,
     prepare_single_generation_data,
 )
-from trajtrack.tracker._stats import TrackerStatistics
-from trajtrack.tracker._tracker import Tracker
+from trajtrack.tracker import Tracker, TrackerStatistics
 
 __all__ = ["DemoConfig", "add_parser", "run", "simulate_run"]
 

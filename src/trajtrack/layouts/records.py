@@ -38,6 +38,9 @@ class DumpRecord:
         rank: ``RANK`` of the writing process (0 when unset).
         writer: Id of the tracker that wrote it (one per tracker instance).
         time: Commit time, seconds since the epoch.
+        shard: The shard file holding the dump (sharded layout), relative to the
+            destination; ``None`` when the dump is a file of its own at *path*.
+        offset: Where the dump's bytes begin in *shard* (they are *size* bytes long).
     """
 
     name: str
@@ -49,9 +52,14 @@ class DumpRecord:
     rank: int
     writer: str
     time: float
+    shard: str | None = None
+    offset: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"v": FORMAT_VERSION, **asdict(self)}
+        out = {"v": FORMAT_VERSION, **asdict(self)}
+        if self.shard is None:  # the files layout's lines stay as they always were
+            del out["shard"], out["offset"]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DumpRecord:
@@ -65,6 +73,8 @@ class DumpRecord:
             rank=int(data.get("rank", 0)),
             writer=str(data.get("writer", "")),
             time=float(data.get("time", 0.0)),
+            shard=None if data.get("shard") is None else str(data["shard"]),
+            offset=None if data.get("offset") is None else int(data["offset"]),
         )
 
 

@@ -22,8 +22,7 @@ from trajtrack._exceptions import SerializationError, TrackerClosedError
 from trajtrack.layouts.names import WriterIdentity
 from trajtrack.ray._channel import KIND_PLAIN, ChannelServer, Who
 from trajtrack.ray._wire import parse, skeleton_size
-from trajtrack.tracker._stats import TrackerStatistics
-from trajtrack.tracker._tracker import Tracker, TrackerState
+from trajtrack.tracker import Tracker, TrackerState, TrackerStatistics
 
 __all__ = ["TrackerActor", "Who"]
 
@@ -135,7 +134,7 @@ class TrackerActor:
 
     async def _admit(self, data: bytes, name: str, who: WriterIdentity | Who | None) -> None:
         tracker = await self._tracker_now()
-        await tracker._dump_serialized(data, name, self._identity(who))
+        await tracker.dump_serialized(data, name, writer=self._identity(who))
 
     async def _admit_frame(self, kind: int, payload: bytearray, name: str, who: Who) -> None:
         """A request from the channel: serialized bytes, or plain data to rebuild here."""
@@ -151,7 +150,7 @@ class TrackerActor:
             raise SerializationError(f"{name}: the plain-data payload is invalid: {exc}") from exc
         tracker = await self._tracker_now()
         # Checked, not built: the upload worker makes the tensors (torch calls) in its thread.
-        await tracker._dump_decoded(decoded.build, decoded.nbytes, name, self._identity(who))
+        await tracker.dump_decoded(decoded.build, decoded.nbytes, name, writer=self._identity(who))
 
     async def channel_statistics(self) -> dict[str, int]:
         """What the direct channel has seen: connections, refused, dumps, errors."""
@@ -200,7 +199,7 @@ class TrackerActor:
             async with lock:
                 for index, (payload, name) in enumerate(zip(data, names, strict=True)):
                     try:
-                        await tracker._dump_serialized(payload, name, identity)
+                        await tracker.dump_serialized(payload, name, writer=identity)
                     except Exception as exc:
                         failures.append((index, exc))
         finally:

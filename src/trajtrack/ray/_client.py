@@ -44,11 +44,17 @@ from trajtrack.layouts.names import WriterIdentity, validate_name
 from trajtrack.ray._actor import TrackerActor
 from trajtrack.ray._channel import ChannelBrokenError, ChannelClient, Endpoints, Payload, Who
 from trajtrack.ray._wire import Captured, capture, decode, encode
-from trajtrack.tracker._payloads import ObjectPayload
-from trajtrack.tracker._serialize import torch_save
-from trajtrack.tracker._snapshot import NotPlainError, measure_plain, snapshot_plain
-from trajtrack.tracker._sync import _destination_from_env, _exit_timeout_from_env, is_enabled
-from trajtrack.tracker._tracker import add_note
+from trajtrack.tracker import (
+    NotPlainError,
+    ObjectPayload,
+    add_note,
+    destination_from_env,
+    exit_timeout_from_env,
+    is_enabled,
+    measure_plain,
+    snapshot_plain,
+    torch_save,
+)
 
 __all__ = [
     "DEFAULT_ACTOR_NAME",
@@ -157,7 +163,7 @@ def get_trajectory_tracker(
     actor_name, space = _actor_name(name), _namespace(namespace)
     if destination is None:
         try:
-            destination = _destination_from_env()
+            destination = destination_from_env()
         except ConfigurationError:
             try:
                 return ray.get_actor(actor_name, namespace=space)
@@ -258,7 +264,7 @@ def _channel_failed(cached: _Cached, exc: ChannelBrokenError) -> None:
 
 def _warn_if_other_destination(info: dict[str, Any], key: tuple[str, str]) -> None:
     try:
-        wanted = _absolute(_destination_from_env())
+        wanted = _absolute(destination_from_env())
     except ConfigurationError:
         return
     if info["destination"] != wanted:
@@ -779,7 +785,7 @@ def _drain_at_exit() -> None:
     if not _sender.in_flight() or not ray.is_initialized():
         return
     try:
-        _sender.wait(_exit_timeout_from_env())
+        _sender.wait(exit_timeout_from_env())
     except Exception as exc:
         logger.error("trajtrack: pipelined dumps not delivered before exit: %s", exc)
 

@@ -38,7 +38,7 @@ from typing import Any, Final, overload
 import numpy as np
 import torch
 
-from trajtrack.tracker._snapshot import NUMPY_DTYPES, NotPlainError
+from trajtrack.tracker import NUMPY_DTYPES, NotPlainError
 
 __all__ = [
     "Captured",

@@ -2,14 +2,62 @@
 
 Read the modules in this order::
 
-    _tracker.py   Tracker: lifecycle and the dump entry points (dump, dump_nowait, ...)
-    _snapshot.py  the copy taken on the caller's thread before dump() returns
-    _queue.py     PendingQueue: bounded by bytes and items, with a full-policy
-    _handle.py    DumpHandle: what dump() returns, resolving to the record or the error
-    _stats.py     the counters behind statistics()
-    _sync.py      the sync shim: SyncTracker, dump_data, get_tracker (verl's drop-in)
+    _tracker.py      Tracker: the dump entry points (dump, dump_nowait, dump_threadsafe, ...)
+    _runner.py       its lifecycle: start, the supervised workers, flush, drain, close
+    _snapshotter.py  which snapshot a dump gets: copied now, or serialized in a thread
+    _snapshot.py     the copy of plain data (CPU and CUDA tensors) taken before dump() returns
+    _payloads.py     the snapshot as the upload worker writes it
+    _serialize.py    the serializer (torch.save, tensors moved to the CPU)
+    _queue.py        PendingQueue: bounded by bytes and items, with a full-policy
+    _worker.py       the upload workers, and what happens once a write ended (Outcomes)
+    _files.py        the files layout: one file per dump, retried (trajtrack._retry)
+    _ledger.py       handles, counters and the failure to re-raise
+    _recorder.py     the record of what was written (layouts/records.py)
+    _sweep.py        the temporary files dead writers left behind
+    _sync.py         the sync shim: SyncTracker, dump_data, get_tracker (verl's drop-in)
 
 The storage side is :mod:`trajtrack.backends`; the on-disk format :mod:`trajtrack.layouts`.
+The names below are what the rest of trajtrack (the Ray adapter, the CLI) builds on.
 """
 
 from __future__ import annotations
+
+from trajtrack.tracker._handle import DumpHandle
+from trajtrack.tracker._ledger import add_note
+from trajtrack.tracker._payloads import ObjectPayload
+from trajtrack.tracker._queue import FullPolicy
+from trajtrack.tracker._runner import TrackerState
+from trajtrack.tracker._serialize import Serializer, torch_save
+from trajtrack.tracker._snapshot import NUMPY_DTYPES, NotPlainError, measure_plain, snapshot_plain
+from trajtrack.tracker._stats import TrackerStatistics
+from trajtrack.tracker._sync import (
+    SyncTracker,
+    destination_from_env,
+    dump_data,
+    exit_timeout_from_env,
+    get_tracker,
+    is_enabled,
+)
+from trajtrack.tracker._tracker import Tracker
+
+__all__ = [
+    "NUMPY_DTYPES",
+    "DumpHandle",
+    "FullPolicy",
+    "NotPlainError",
+    "ObjectPayload",
+    "Serializer",
+    "SyncTracker",
+    "Tracker",
+    "TrackerState",
+    "TrackerStatistics",
+    "add_note",
+    "destination_from_env",
+    "dump_data",
+    "exit_timeout_from_env",
+    "get_tracker",
+    "is_enabled",
+    "measure_plain",
+    "snapshot_plain",
+    "torch_save",
+]

@@ -170,11 +170,14 @@ class FilePayload:
         with self._lock, open(self.path, "rb") as handle:
             shutil.copyfileobj(handle, out, _COPY_CHUNK)
 
-    def move_to(self, target: str) -> bool:
-        """Rename the spool file to *target*; False if not possible (other filesystem)."""
+    def move_to(self, name: str, directory: int) -> bool:
+        """Rename the spool file to *name* in the directory open as *directory* (a descriptor).
+
+        Returns False if that is not possible (another filesystem): then copy it instead.
+        """
         with self._lock:
             try:
-                os.replace(self.path, target)
+                os.replace(self.path, name, dst_dir_fd=directory)
             except OSError:
                 return False
             self.path = ""

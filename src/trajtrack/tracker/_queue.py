@@ -71,6 +71,7 @@ class PendingQueue:
         self._pending_bytes = 0
         self._pending_items = 0
         self._closed = False
+        self._closed_error: Callable[[], Exception] = _closed_error
         self._idle = 0  # workers waiting in get()
         self._wake_scheduled = False  # a cross-thread wake-up is on its way to the loop
         self._waker = _Waker(loop, self._set_nonempty)
@@ -126,7 +127,7 @@ class PendingQueue:
         outcome = "admitted"
         with self._lock:
             if self._closed:
-                raise TrackerClosedError("cannot dump: the tracker is closed")
+                raise self._closed_error()
             if not self._fits(job.nbytes):
                 if policy is FullPolicy.DROP_OLDEST:
                     dropped = self._make_room_locked(job.nbytes)
@@ -215,12 +216,20 @@ class PendingQueue:
         self._wake_space_waiters()
         return jobs
 
-    def close(self) -> None:
-        """Refuse new jobs; workers finish what is queued, then ``get`` returns ``None``."""
+    def close(self, error: Callable[[], Exception] | None = None) -> None:
+        """Refuse new jobs; workers finish what is queued, then ``get`` returns ``None``.
+
+        Args:
+            error: Makes the exception that refused producers get (default: the tracker is
+                closed). Producers waiting for space are woken to get it.
+        """
         with self._lock:
             self._closed = True
+            if error is not None:
+                self._closed_error = error
             self._space.notify_all()
         self._wake_workers(force=True)
+        self._wake_space_waiters()
         self._waker.stop()
 
     # ------------------------------------------------------------------ wake-ups
@@ -264,6 +273,10 @@ class PendingQueue:
     def _set_space_freed(self) -> None:
         event, self._space_freed = self._space_freed, asyncio.Event()
         event.set()
+
+
+def _closed_error() -> Exception:
+    return TrackerClosedError("cannot dump: the tracker is closed")
 
 
 class _Waker:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-__all__ = ["Counters", "TrackerStatistics"]
+__all__ = ["TrackerStatistics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +24,8 @@ class TrackerStatistics:
         records_written: Record segments written.
         commit_latency_p50: Median seconds from admission to commit (last 1024 dumps).
         commit_latency_p99: 99th percentile of the same.
+        state: The tracker's lifecycle state (``"running"``, ``"failed"``, ...).
+        failure: Why the tracker failed (its background task's error), when it did.
     """
 
     pending_items: int
@@ -40,29 +40,9 @@ class TrackerStatistics:
     records_written: int
     commit_latency_p50: float | None
     commit_latency_p99: float | None
+    state: str = "running"
+    failure: str | None = None
 
     @property
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
-
-
-@dataclass
-class Counters:
-    """Mutable counters, updated from the loop and from producer threads."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    enqueued: int = 0
-    committed: int = 0
-    failed: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)
-    retries: int = 0
-    bytes_written: int = 0
-    records_written: int = 0
-    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
-
-    def percentile(self, q: float) -> float | None:
-        with self.lock:
-            values = sorted(self.latencies)
-        if not values:
-            return None
-        return values[min(len(values) - 1, int(q * len(values)))]

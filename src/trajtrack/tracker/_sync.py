@@ -57,7 +57,7 @@ def is_enabled() -> bool:
     return getenv("VERL_ENABLE_TRACKER") == "1" or getenv("TRAJTRACK_ENABLE") == "1"
 
 
-def _destination_from_env() -> str:
+def destination_from_env() -> str:
     for var in DIR_VARS:
         value = os.environ.get(var)
         if value:
@@ -68,7 +68,7 @@ def _destination_from_env() -> str:
     )
 
 
-def _exit_timeout_from_env() -> float:
+def exit_timeout_from_env() -> float:
     raw = os.environ.get(EXIT_TIMEOUT_VAR)
     if not raw:
         return DEFAULT_EXIT_TIMEOUT
@@ -259,7 +259,7 @@ def get_tracker() -> SyncTracker:
     with _global_lock:
         if _global is None:
             _install_hooks()
-            _global = SyncTracker(_destination_from_env(), exit_timeout=_exit_timeout_from_env())
+            _global = SyncTracker(destination_from_env(), exit_timeout=exit_timeout_from_env())
             _register_exit(_global)
         return _global
 

@@ -1,0 +1,429 @@
+"""The tracker's background work and its lifecycle: start, supervise, flush, drain, close.
+
+The upload workers and the record ticker run in one task group, which a supervisor task owns.
+The supervisor is what makes a failure loud: if anything in the task group raises outside the
+per-dump error handling (a bug, a storage that raises an unexpected exception type while the
+record is written, ...), the tracker becomes ``FAILED`` at once -- every pending dump fails
+with :class:`TrackerFailedError` carrying the cause, every later ``dump``/``flush``/``close``
+raises it promptly, and ``state``/``statistics()`` show it -- instead of workers silently gone
+and a ``flush`` that waits out its timeout.
+
+Nothing here waits without a bound: closing drains under the caller's budget, and the steps
+that a hanging storage could block (a thread that cannot be cancelled) are abandoned past it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import anyio
+
+from trajtrack._exceptions import TrackerClosedError, TrackerFailedError, TrackerStateError
+from trajtrack._retry import RetryPolicy
+from trajtrack.backends import Storage
+from trajtrack.layouts.names import WriterIdentity
+from trajtrack.layouts.records import DumpRecord
+from trajtrack.tracker._files import FilesLayout
+from trajtrack.tracker._ledger import Ledger
+from trajtrack.tracker._queue import PendingQueue
+from trajtrack.tracker._recorder import Recorder
+from trajtrack.tracker._stats import TrackerStatistics
+from trajtrack.tracker._sweep import sweep_stale
+from trajtrack.tracker._worker import Layout, Outcomes, upload_worker
+
+__all__ = ["Runner", "TrackerState"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds close() still gives cancelled workers, the final record and the storage's aclose
+#: once its budget is spent (each bounded: a hanging storage costs at most 3 x this).
+_GRACE = 1.0
+
+
+class TrackerState(enum.Enum):
+    """Lifecycle of a :class:`~trajtrack.Tracker`."""
+
+    NEW = "new"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FAILED = "failed"
+    """The background task failed; see ``statistics().failure``. ``aclose()`` still releases
+    the storage (and raises the failure)."""
+
+
+class Runner:
+    """Starts, supervises and closes the background work of one tracker.
+
+    Args:
+        url: The destination, for messages.
+        ledger: The tracker's ledger (handles, counters, failures).
+        max_bytes: The pending queue's byte budget.
+        max_items: Its item budget.
+        workers: Upload workers.
+        writer: The tracker's writer id (records).
+        who: The tracker's process identity.
+        suffix: The file suffix.
+        retry: Retries of transient storage failures.
+        overwrite: The existing-name policy.
+        record: Whether to write the record.
+        record_interval: Seconds between record segments.
+        sweep: Whether to sweep stale temporary files at start.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        ledger: Ledger,
+        *,
+        max_bytes: int,
+        max_items: int,
+        workers: int,
+        writer: str,
+        who: WriterIdentity,
+        suffix: str,
+        retry: RetryPolicy,
+        overwrite: bool,
+        record: bool,
+        record_interval: float,
+        sweep: bool,
+    ) -> None:
+        self._url = url
+        self._ledger = ledger
+        self._limits = (max_bytes, max_items)
+        self._workers = workers
+        self._writer = writer
+        self._who = who
+        self._suffix = suffix
+        self._retry = retry
+        self._overwrite = overwrite
+        self._record = record
+        self._record_interval = record_interval
+        self._sweep = sweep
+        self.state = TrackerState.NEW
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: PendingQueue | None = None
+        self._recorder: Recorder | None = None
+        self._layout: Layout = _NOT_STARTED
+        self._storage: Storage | None = None
+        self._group: anyio.abc.TaskGroup | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._finished: anyio.Event | None = None  # events are made on the loop, at start
+        self._stop_ticker: anyio.Event | None = None
+        self._close_done: anyio.Event | None = None
+        self._fatal: BaseException | None = None
+
+    # ------------------------------------------------------------------ parts
+
+    @property
+    def queue(self) -> PendingQueue:
+        if self._queue is None:
+            raise TrackerStateError("the tracker has not been started")
+        return self._queue
+
+    def in_own_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+    def check_running(self, what: str = "dump") -> None:
+        """Raise the error that says why *what* is not possible, unless running."""
+        if self.state is TrackerState.RUNNING:
+            return
+        if self.state is TrackerState.NEW:
+            raise TrackerStateError(f"cannot {what}: the tracker has not been started")
+        if self.state is TrackerState.FAILED:
+            raise self._failed_error()
+        raise TrackerClosedError(f"cannot {what}: the tracker is {self.state.value}")
+
+    def mark_closed(self) -> None:
+        self.state = TrackerState.CLOSED
+
+    # ------------------------------------------------------------------ start
+
+    async def start(self, storage: Storage) -> None:
+        """Prepare *storage*, sweep it, start the workers under the supervisor."""
+        await storage.prepare()
+        if self._sweep:
+            await sweep_stale(storage, self._who)
+        self._loop = asyncio.get_running_loop()
+        self._finished, self._stop_ticker, self._close_done = (anyio.Event() for _ in range(3))
+        self._storage = storage
+        self._queue = PendingQueue(self._loop, *self._limits, self._ledger.dropped)
+        self._recorder = Recorder(
+            storage,
+            self._writer,
+            self._ledger.counters,
+            interval=self._record_interval,
+            enabled=self._record,
+        )
+        outcomes = Outcomes(
+            self._ledger,
+            self._recorder,
+            self._queue,
+            writer=self._writer,
+            who=self._who,
+            suffix=self._suffix,
+        )
+        self._layout = FilesLayout(storage, outcomes, retry=self._retry, overwrite=self._overwrite)
+        started = anyio.Event()
+        self._task = self._loop.create_task(self._supervise(started), name=f"trajtrack:{self._url}")
+        self._task.add_done_callback(_retrieve)
+        await started.wait()
+        if self._fatal is None:
+            self.state = TrackerState.RUNNING
+        logger.debug("tracker started: %s (%d workers)", self._url, self._workers)
+
+    async def _supervise(self, started: anyio.Event) -> None:
+        assert self._queue is not None
+        assert self._recorder is not None
+        assert self._finished is not None
+        assert self._stop_ticker is not None
+        try:
+            async with anyio.create_task_group() as group:
+                self._group = group
+                for _ in range(self._workers):
+                    group.start_soon(self._guarded, upload_worker, self._queue, self._layout)
+                if self._recorder.enabled:
+                    group.start_soon(self._guarded, self._recorder.run_ticker, self._stop_ticker)
+                started.set()
+        except Exception as exc:  # already reported by _guarded; nothing more to raise
+            self._crash(exc)
+        finally:
+            started.set()
+            self._finished.set()
+
+    async def _guarded(self, part: Callable[..., Awaitable[None]], *args: Any) -> None:
+        # A part that fails is reported at once, not when the task group has ended: that
+        # waits for the other workers, and one of them may sit in a storage call for minutes.
+        try:
+            await part(*args)
+        except Exception as exc:
+            self._crash(exc)
+            raise
+
+    def _crash(self, exc: BaseException) -> None:
+        if self._fatal is not None:
+            return  # the first failure is the cause; the rest follow from it
+        cause = _leaf(exc)
+        self._fatal = cause
+        if self.state is not TrackerState.CLOSED:
+            self.state = TrackerState.FAILED
+        logger.error(
+            "the background task of the tracker for %s failed; pending and later dumps fail: %r",
+            self._url,
+            cause,
+            exc_info=cause,
+        )
+        if self._queue is not None:
+            self._queue.close(self._failed_error)
+            self._queue.drain_queued()
+        count = self._ledger.settle_all(self._failed_error)
+        if count:
+            logger.error("%d pending dumps of %s were not written", count, self._url)
+
+    def _failed_error(self) -> TrackerFailedError:
+        cause = self._fatal
+        assert cause is not None
+        error = TrackerFailedError(f"the tracker for {self._url} failed: {_describe(cause)}")
+        error.__cause__ = cause
+        return error
+
+    # ------------------------------------------------------------------ flush
+
+    async def flush(self, timeout: float | None) -> None:
+        """Wait for every dump admitted so far, write the record, raise the first failure."""
+        if self.state is TrackerState.CLOSED:
+            raise TrackerClosedError("cannot flush: the tracker is closed")
+        self.check_running("flush")
+        assert self._recorder is not None
+        waiting = self._ledger.outstanding()
+        with anyio.fail_after(timeout):
+            await self._layout.seal()
+            await _wait_all(waiting)
+            if self._fatal is not None:
+                raise self._failed_error()
+            await self._recorder.write()
+        failure = self._ledger.take_failure()
+        if failure is not None:
+            raise failure
+
+    # ------------------------------------------------------------------ close
+
+    async def close(self, timeout: float | None) -> None:
+        """Drain (under *timeout*), seal, record, release the storage; raise what failed."""
+        assert self._close_done is not None
+        assert self._stop_ticker is not None
+        if self.state not in (TrackerState.RUNNING, TrackerState.FAILED):
+            await self._close_done.wait()  # a concurrent or earlier close did the work
+            return
+        if self.state is TrackerState.RUNNING:
+            self.state = TrackerState.CLOSING
+        self.queue.close()
+        self._stop_ticker.set()  # the task group ends when the workers and the ticker have
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            unfinished = await self._drain(timeout)
+            await self._finish(deadline)
+        finally:
+            self.state = TrackerState.CLOSED
+            self._close_done.set()
+        if self._fatal is not None:
+            raise self._failed_error()
+        if unfinished:
+            raise TimeoutError(
+                f"closing {self._url}: {unfinished} dumps were not written within {timeout} s"
+            )
+        failure = self._ledger.take_failure()
+        if failure is not None:
+            raise failure
+
+    async def _drain(self, timeout: float | None) -> int:
+        assert self._finished is not None
+        with anyio.move_on_after(timeout):
+            await self._finished.wait()
+        if self._finished.is_set():
+            return 0
+        abandoned = self.queue.drain_queued()
+        for job in abandoned:
+            self._ledger.settle(job.future, error=_not_written())
+        if self._group is not None:
+            self._group.cancel_scope.cancel()
+        # Workers blocked in a storage thread cannot be cancelled: do not wait long for them,
+        # and settle their handles now (a write that still completes is then not reported).
+        with anyio.move_on_after(_GRACE):
+            await self._finished.wait()
+        in_flight = self._ledger.settle_all(_not_written)
+        count = len(abandoned) + in_flight
+        logger.error("closing %s: %d dumps were not written within %s s", self._url, count, timeout)
+        return count
+
+    async def _finish(self, deadline: float | None) -> None:
+        # A storage that hangs must not hang close(): fail_after cannot interrupt a blocking
+        # call in a worker thread, so these steps are abandoned (not awaited) past the budget.
+        assert self._recorder is not None
+        left = 30.0 if deadline is None else max(_GRACE, deadline - time.monotonic())
+        steps = (
+            (self._layout.seal, "seal the last shard"),
+            (self._recorder.write, "write the final record segment"),
+        )
+        for step, what in steps:
+            try:
+                if not await _finished_within(step(), left):
+                    logger.error("could not %s of %s in time", what, self._url)
+            except Exception as exc:
+                logger.error("could not %s of %s: %s", what, self._url, exc)
+        if self._storage is not None:
+            await self.release(self._storage, 30.0 if deadline is None else _GRACE)
+        logger.debug("tracker closed: %s", self._url)
+
+    async def release(self, storage: Storage, seconds: float = 30.0) -> None:
+        """Close *storage*, abandoning the wait past *seconds* (it is logged)."""
+        try:
+            if not await _finished_within(storage.aclose(), seconds):
+                logger.error("closing the storage of %s did not finish in time", self._url)
+        except Exception as exc:
+            logger.error("closing the storage of %s failed: %s", self._url, exc)
+
+    # ------------------------------------------------------------------ statistics
+
+    def statistics(self) -> TrackerStatistics:
+        """Counters and queue state; cheap, callable from any thread."""
+        queue = self._queue
+        counters = self._ledger.counters
+        p50, p99 = counters.percentile(0.5), counters.percentile(0.99)
+        with counters.lock:
+            return TrackerStatistics(
+                pending_items=queue.pending_items if queue else 0,
+                pending_bytes=queue.pending_bytes if queue else 0,
+                queued_items=queue.queued_items if queue else 0,
+                enqueued=counters.enqueued,
+                committed=counters.committed,
+                failed=counters.failed,
+                dropped=dict(counters.dropped),
+                retries=counters.retries,
+                bytes_written=counters.bytes_written,
+                records_written=counters.records_written,
+                commit_latency_p50=p50,
+                commit_latency_p99=p99,
+                state=self.state.value,
+                failure=None if self._fatal is None else _describe(self._fatal),
+            )
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups."""
+    inner = getattr(exc, "exceptions", None)  # a BaseExceptionGroup (3.11, or anyio's backport)
+    while isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
+        exc = inner[0]
+        inner = getattr(exc, "exceptions", None)
+    return exc
+
+
+class _NotStarted:
+    """The layout before start(): there is nothing to write or seal."""
+
+    async def write(self, job: Any) -> None:
+        raise TrackerStateError("the tracker has not been started")
+
+    async def seal(self) -> None:
+        return None
+
+
+_NOT_STARTED = _NotStarted()
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _not_written() -> TimeoutError:
+    return TimeoutError("not written before the close deadline")
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    # The supervisor reports every failure itself; this only keeps asyncio from logging
+    # "Task exception was never retrieved" for one that went on (a cancellation).
+    if not task.cancelled():
+        task.exception()
+
+
+async def _finished_within(coro: Coroutine[Any, Any, None], seconds: float) -> bool:
+    """Run *coro* for at most *seconds*; past that, cancel it without waiting for it."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()  # takes effect when its blocked thread returns, if ever
+        return False
+    task.result()  # re-raise its error
+    return True
+
+
+async def _wait_all(futures: list[concurrent.futures.Future[DumpRecord]]) -> None:
+    """Wait for thread-safe futures without wrapping (and so never cancelling) each one."""
+    pending = [f for f in futures if not f.done()]
+    if not pending:
+        return
+    loop = asyncio.get_running_loop()
+    all_done = asyncio.Event()
+    left = [len(pending)]
+    lock = threading.Lock()
+
+    def one_done(_future: object) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last and not loop.is_closed():
+            loop.call_soon_threadsafe(all_done.set)
+
+    for future in pending:
+        future.add_done_callback(one_done)
+    await all_done.wait()

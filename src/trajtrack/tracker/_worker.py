@@ -1,0 +1,115 @@
+"""The upload workers, and what happens to a dump once its write ended.
+
+Each worker takes the next job from the pending queue and hands it to the tracker's layout
+(:mod:`trajtrack.tracker._files`: one file per dump). The layout reports the outcome to
+:class:`Outcomes`, which builds the dump's record, settles its handle, counts it and releases
+its share of the memory budget. A failure belongs to its dump, never to the worker: the worker
+goes on with the next job.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from trajtrack._exceptions import StorageError
+from trajtrack.layouts.names import WriterIdentity
+from trajtrack.layouts.records import DumpRecord
+from trajtrack.tracker._ledger import Ledger
+from trajtrack.tracker._queue import Job, PendingQueue
+from trajtrack.tracker._recorder import Recorder
+
+__all__ = ["Layout", "Outcomes", "upload_worker"]
+
+logger = logging.getLogger(__name__)
+
+
+class Layout(Protocol):
+    """How jobs become storage files (the files layout; the shards layout)."""
+
+    async def write(self, job: Job) -> None:
+        """Write *job*; report its outcome to the :class:`Outcomes` (now, or later)."""
+        ...
+
+    async def seal(self) -> None:
+        """Commit everything written so far (``flush()``, close); report the outcomes."""
+        ...
+
+
+class Outcomes:
+    """Settles dumps: builds the record, resolves the handle, counts, frees the budget.
+
+    Args:
+        ledger: The tracker's ledger.
+        recorder: Where committed records go.
+        queue: Whose budget a finished job releases.
+        writer: The tracker's writer id.
+        who: The tracker's process identity (a job made elsewhere carries its own).
+        suffix: The file suffix, stripped from the path to name the record.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        recorder: Recorder,
+        queue: PendingQueue,
+        *,
+        writer: str,
+        who: WriterIdentity,
+        suffix: str,
+    ) -> None:
+        self._ledger = ledger
+        self._recorder = recorder
+        self._queue = queue
+        self._writer = writer
+        self._who = who
+        self._suffix = suffix
+
+    def committed(
+        self,
+        job: Job,
+        size: int,
+        checksum: str,
+        *,
+        shard: str | None = None,
+        offset: int | None = None,
+    ) -> None:
+        """*job* is in the storage: under its own path, or at *offset* in *shard*."""
+        who = job.who or self._who
+        record = DumpRecord(
+            name=job.path[: len(job.path) - len(self._suffix)] if self._suffix else job.path,
+            path=job.path,
+            size=size,
+            checksum=checksum,
+            host=who.host,
+            pid=who.pid,
+            rank=who.rank,
+            writer=self._writer,
+            time=time.time(),
+            shard=shard,
+            offset=offset,
+        )
+        self._recorder.add(record)
+        self._ledger.committed(job, record, time.monotonic() - job.enqueued_at)
+        self._release(job)
+
+    def failed(self, job: Job, exc: BaseException) -> None:
+        """*job* failed for good."""
+        self._ledger.failed(job, exc)
+        self._release(job)
+
+    def retrying(self, what: str, attempt: int, delay: float, exc: StorageError) -> None:
+        """A transient failure of *what*; retry number *attempt* in *delay* seconds."""
+        self._ledger.retried()
+        logger.warning("retrying %s in %.2f s (attempt %d): %s", what, delay, attempt, exc)
+
+    def _release(self, job: Job) -> None:
+        self._queue.done(job)
+        job.payload = None  # free the snapshot now, not when the handle goes
+
+
+async def upload_worker(queue: PendingQueue, layout: Layout) -> None:
+    """Hand every queued job to *layout* until the queue is closed and empty."""
+    while (job := await queue.get()) is not None:
+        await layout.write(job)
