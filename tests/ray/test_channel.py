@@ -20,21 +20,23 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("ray")
+from _support.require import require_module
 
-from trajtrack import (
+require_module("ray", required_by="TRAJTRACK_REQUIRE_RAY", hint="pip install 'trajtrack[ray]'")
+
+from trajtrack import (  # noqa: E402  (after the Ray check)
     StorageUnavailableError,
     TrackerClosedError,
     TrajtrackError,
 )
-from trajtrack.ray import _channel
-from trajtrack.ray._channel import (
+from trajtrack.ray import _channel  # noqa: E402  (after the Ray check)
+from trajtrack.ray._channel import (  # noqa: E402  (after the Ray check)
     ChannelBrokenError,
     ChannelClient,
     ChannelServer,
     Endpoints,
 )
-from trajtrack.ray._wire import decode, encode
+from trajtrack.ray._wire import decode, encode  # noqa: E402  (after the Ray check)
 
 WHO = ("host-a", 1234, 3, 1, 8)
 WAIT = 30.0  # seconds for any wait on the loop thread

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("ray")
+from _support.require import require_module
 
-from trajtrack.ray._wire import (
+require_module("ray", required_by="TRAJTRACK_REQUIRE_RAY", hint="pip install 'trajtrack[ray]'")
+
+from trajtrack.ray._wire import (  # noqa: E402  (after the Ray check)
     ALIGN,
     COPY_HOLDING_GIL_MAX_BYTES,
     VIEW_MIN_BYTES,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +11,9 @@ import torch
 
 import trajtrack
 from trajtrack import DumpLoadError, StorageNotFoundError, UnsafeLoadError
-from trajtrack.backends._protocol import checksum_of
+from trajtrack.backends import checksum_of, register_backend
 from trajtrack.backends.memory import MemoryStorage
-from trajtrack.reader._run import SyncRun, open_run
+from trajtrack.reader import SyncRun, open_run
 from trajtrack.rollout import RolloutBatch, RolloutSample
 
 
@@ -109,3 +110,25 @@ def test_sync_run(tmp_path: Path) -> None:
         assert [d.name for d in run.list()] == ["x"]
         assert torch.equal(run.load("x"), torch.arange(3))
         assert [name for name, _ in ((i.name, o) for i, o in run)] == ["x"]
+
+
+async def test_the_storage_is_opened_off_the_event_loop() -> None:
+    # Opening may read Hadoop configuration files: never on the loop (like the tracker).
+    seen: list[bool] = []
+
+    def factory(url: str, **_options: object) -> MemoryStorage:
+        try:
+            asyncio.get_running_loop()
+            seen.append(True)  # called on the event loop's thread
+        except RuntimeError:
+            seen.append(False)
+        return MemoryStorage("memory://" + url.partition("://")[2])
+
+    register_backend("probe", factory)
+    run = open_run("probe://offloop/run")
+    assert seen == []  # nothing opened before it is used
+    async with run:
+        await run.list()
+    async with open_run("probe://offloop/run") as again:
+        await again.list()
+    assert seen == [False, False]

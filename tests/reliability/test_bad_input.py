@@ -457,7 +457,6 @@ async def test_injected_filesystem_errors_then_recovery(
 
 
 async def test_unreachable_hdfs_at_start() -> None:
-    pytest.importorskip("trajtrack.backends.webhdfs")
     # Port 9 (discard) on 127.0.0.1: connection refused at once; retried, then a typed error.
     tracker = trajtrack.Tracker(
         "webhdfs://127.0.0.1:9/user/nobody/run",
@@ -470,7 +469,6 @@ async def test_unreachable_hdfs_at_start() -> None:
 
 
 async def test_hdfs_url_without_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("trajtrack.backends.webhdfs")
     for var in ("HADOOP_CONF_DIR", "HADOOP_HOME", "TRAJTRACK_WEBHDFS_URL"):
         monkeypatch.delenv(var, raising=False)
     with anyio.fail_after(30), pytest.raises(ConfigurationError, match="HADOOP_CONF_DIR"):

@@ -28,6 +28,7 @@ import pytest
 
 import trajtrack
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
+from trajtrack.reader import SyncRun
 
 from ._payloads import KIB, MIB, check_file
 from ._proc import Child, final_files, records, temp_files
@@ -62,8 +63,7 @@ def _check_after_kill(dest: Path, prefix: str, dead: set[int]) -> tuple[int, int
 
 
 def _reader_lists_no_temp(dest: Path) -> None:
-    reader = pytest.importorskip("trajtrack.reader._run")
-    with reader.SyncRun(dest) as run:
+    with SyncRun(dest) as run:
         listed = run.list(refresh=True)
     files = final_files(dest)
     assert {info.path for info in listed} == {f"{name}.pth" for name in files}

@@ -18,6 +18,7 @@ import torch
 import trajtrack
 from trajtrack import DumpExistsError, StoragePermissionError
 from trajtrack.backends.local import LocalStorage
+from trajtrack.reader import SyncRun
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "trajtrack"
 
@@ -175,7 +176,6 @@ async def test_logs_never_contain_dump_contents(
 
 
 async def test_the_reader_refuses_code_in_an_untrusted_dump(tmp_path: Path) -> None:
-    reader = pytest.importorskip("trajtrack.reader._run")
     marker = tmp_path / "pwned"
     dest = tmp_path / "dest"
     dest.mkdir()
@@ -185,6 +185,6 @@ async def test_the_reader_refuses_code_in_an_untrusted_dump(tmp_path: Path) -> N
             return (Path.touch, (marker,))  # what an attacker's dump would run on load
 
     torch.save({"obs": Payload()}, dest / "evil.pth")
-    with reader.SyncRun(dest) as run, pytest.raises(trajtrack.UnsafeLoadError):
+    with SyncRun(dest) as run, pytest.raises(trajtrack.UnsafeLoadError):
         run.load("evil")
     assert not marker.exists()

@@ -20,6 +20,8 @@ from trajtrack.backends._protocol import (
     Payload,
     Storage,
     WriteResult,
+    check_range,
+    check_relative,
     checksum_of,
 )
 
@@ -30,6 +32,8 @@ __all__ = [
     "Storage",
     "StorageFactory",
     "WriteResult",
+    "check_range",
+    "check_relative",
     "checksum_of",
     "open_storage",
     "register_backend",

@@ -26,8 +26,10 @@ def add_parser(commands: Any) -> None:
         description=(
             "List the dumps of a run in dump order (commit time, then name), from the record "
             "the trackers wrote; files in no record are listed too and flagged 'unrecorded', "
-            "recorded files absent from the storage are flagged 'missing'. Temporary files "
-            "are never listed. Exit 0, or 2 when the run cannot be read."
+            "recorded files absent from the storage are flagged 'missing', and dumps whose "
+            "path would leave the run (a hostile record, a symbolic link leading elsewhere) "
+            "'refused'. Sharded and files runs alike. Temporary files are never listed. "
+            "Exit 0, or 2 when the run cannot be read."
         ),
     )
     parser.add_argument("url", metavar="URL", help="the run: a local path or a storage URL")
@@ -68,6 +70,8 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
 
 
 def _note(info: DumpInfo) -> str:
+    if info.problem is not None:
+        return f"refused: {info.problem}"
     if not info.recorded:
         return "unrecorded"
     if not info.present:

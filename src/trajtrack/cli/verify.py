@@ -9,7 +9,7 @@ from typing import Any, Literal
 import anyio.to_thread
 
 from trajtrack._exceptions import StorageNotFoundError
-from trajtrack.backends._protocol import checksum_of
+from trajtrack.backends import checksum_of
 from trajtrack.cli._common import (
     EXIT_DIFFERENT,
     EXIT_OK,
@@ -24,7 +24,7 @@ from trajtrack.reader import DumpInfo, Run, gather_bounded, open_run
 
 __all__ = ["Finding", "add_parser", "run", "verify_run"]
 
-Problem = Literal["ok", "missing", "truncated", "oversized", "corrupt", "unrecorded"]
+Problem = Literal["ok", "missing", "truncated", "oversized", "corrupt", "unrecorded", "outside"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +52,11 @@ def add_parser(commands: Any) -> None:
         description=(
             "Check the run against its record: every recorded dump must be present with the "
             "recorded size and CRC-32 checksum (each file with the right size is read once, "
-            "in parallel). Reports missing, truncated (shorter than recorded), oversized, "
-            "corrupt (checksum mismatch) and unrecorded files (present but in no record, e.g. "
-            "the last seconds before a crash). Unreadable record lines are reported too."
+            "in parallel; a shard member with one ranged read of its bytes). Reports missing, "
+            "truncated (shorter than recorded), oversized, corrupt (checksum mismatch: the "
+            "dump whose bytes changed is named), unrecorded files (present but in no record, "
+            "e.g. the last seconds before a crash) and dumps whose path would leave the run "
+            "(outside: never read). Unreadable record lines are reported too."
         ),
         epilog="exit codes: 0 no problem, 1 problems found (unrecorded files count unless "
         "--allow-unrecorded), 2 usage or I/O error.",
@@ -75,7 +77,11 @@ async def verify_run(
 ) -> list[Finding]:
     """Verify a run's dumps against its record; one :class:`Finding` per dump, dump order."""
     dumps = await source.list(glob)
-    to_read = [d for d in dumps if d.recorded and d.present and d.stored_size == d.size]
+    to_read = [
+        d
+        for d in dumps
+        if d.recorded and d.present and d.stored_size == d.size and d.problem is None
+    ]
 
     async def check(info: DumpInfo) -> Finding:
         try:
@@ -105,6 +111,8 @@ async def verify_run(
     for info in dumps:
         if info.path in by_path:
             findings.append(by_path[info.path])
+        elif info.problem is not None:
+            findings.append(Finding(info.name, info.path, "outside", f"not read: {info.problem}"))
         elif not info.recorded:
             findings.append(
                 Finding(
@@ -139,11 +147,11 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
         finally:
             close()
     counts: dict[str, int] = dict.fromkeys(
-        ("ok", "missing", "truncated", "oversized", "corrupt", "unrecorded"), 0
+        ("ok", "missing", "truncated", "oversized", "corrupt", "unrecorded", "outside"), 0
     )
     for finding in findings:
         counts[finding.problem] += 1
-    failing = {"missing", "truncated", "oversized", "corrupt"}
+    failing = {"missing", "truncated", "oversized", "corrupt", "outside"}
     if not args.allow_unrecorded:
         failing.add("unrecorded")
     failed = any(f.problem in failing for f in findings) or listing.bad_record_lines > 0

@@ -2,7 +2,10 @@
 
 Read the modules in this order::
 
-    _run.py        Run / SyncRun / open_run: the list of dumps (record + listing), reading
+    _run.py        Run / open_run: a run's dumps, their bytes (file or shard range), objects
+    _listing.py    the list of dumps: record segments + storage listing (+ shard headers)
+    _dumps.py      DumpInfo, RunListing: what the reader knows about each dump
+    _syncrun.py    SyncRun: the blocking facade (notebooks, scripts)
     _safe_load.py  loading a dump safely (weights-only, trajtrack's allow-list)
     _compare.py    compare(): the structural walk over two objects, with a Tolerance
     _numeric.py    element-wise comparison of two tensors (the hot loop of compare)
@@ -15,17 +18,11 @@ from __future__ import annotations
 
 from trajtrack.reader._compare import Difference, Tolerance, compare
 from trajtrack.reader._diff import DumpComparison, RunDiff, diff_runs
-from trajtrack.reader._run import (
-    DumpInfo,
-    Run,
-    RunListing,
-    SyncRun,
-    dump_order,
-    gather_bounded,
-    matches,
-    open_run,
-)
+from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order, matches
+from trajtrack.reader._gather import gather_bounded
+from trajtrack.reader._run import Run, open_run
 from trajtrack.reader._safe_load import check_loadable, load_dump_bytes
+from trajtrack.reader._syncrun import SyncRun
 
 __all__ = [
     "Difference",

@@ -20,7 +20,9 @@ import anyio.to_thread
 
 from trajtrack._exceptions import DumpLoadError, TrajtrackError, UnsafeLoadError
 from trajtrack.reader._compare import Difference, Tolerance, compare
-from trajtrack.reader._run import DumpInfo, Run, gather_bounded
+from trajtrack.reader._dumps import DumpInfo
+from trajtrack.reader._gather import gather_bounded
+from trajtrack.reader._run import Run
 from trajtrack.reader._safe_load import check_loadable, load_dump_bytes
 
 __all__ = ["DumpComparison", "RunDiff", "diff_runs"]

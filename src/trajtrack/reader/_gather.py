@@ -1,0 +1,45 @@
+"""Bounded concurrency for the read path: many reads in flight, never all at once."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import anyio
+
+__all__ = ["gather_bounded"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+async def gather_bounded(
+    items: Sequence[T],
+    fn: Callable[[T], Awaitable[R]],
+    *,
+    limit: int,
+    on_done: Callable[[int], None] | None = None,
+) -> list[R]:
+    """``[await fn(item) for item in items]`` with at most *limit* calls in flight.
+
+    Results keep the order of *items*; the first exception cancels the rest and propagates.
+    *on_done* is called with the number of finished calls after each one.
+    """
+    results: list[Any] = [None] * len(items)
+    semaphore = anyio.Semaphore(max(1, limit))
+    done = 0
+
+    async def one(index: int, item: T) -> None:
+        nonlocal done
+        async with semaphore:
+            results[index] = await fn(item)
+        done += 1
+        if on_done is not None:
+            on_done(done)
+
+    async with anyio.create_task_group() as group:
+        for index, item in enumerate(items):
+            # Each task parks on the semaphore; their number is bounded by len(items), which
+            # the caller already holds in memory, while the reads themselves are bounded.
+            group.start_soon(one, index, item)
+    return results

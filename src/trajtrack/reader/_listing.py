@@ -1,0 +1,227 @@
+"""Scanning a run: the record segments and the storage listing, merged into one list of dumps.
+
+The list comes from the record segments the trackers wrote (``.trajtrack/records``), merged
+over all writers with the latest commit of a path winning. Files present in the storage but in
+no record (the last seconds before a crash, files copied in by hand) are listed too, flagged
+``recorded=False``, and so are the members of shards no record describes (a crash between a
+shard's rename and its record), indexed from their tar headers. Temporary files and
+trajtrack's own files are never listed as dumps.
+
+A run directory is untrusted input: a record line whose path (or shard) would leave the run,
+and a file that is a symbolic link leading out of it, are listed with a ``problem`` that
+readers report and refuse, never read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os.path
+from collections.abc import Iterable
+
+import anyio.to_thread
+
+from trajtrack._exceptions import InvalidNameError, StorageError, StorageNotFoundError
+from trajtrack.backends import FileInfo, Storage, check_relative
+from trajtrack.layouts.names import is_internal_path, parse_temp_path, validate_name
+from trajtrack.layouts.records import RECORDS_PREFIX, DumpRecord, decode_segment
+from trajtrack.layouts.shards import is_shard_path, scan_members
+from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order
+from trajtrack.reader._gather import gather_bounded
+
+__all__ = ["scan_run"]
+
+logger = logging.getLogger(__name__)
+
+_OUTSIDE = "a symbolic link leading out of the run"
+
+
+async def scan_run(storage: Storage, *, suffix: str, concurrency: int) -> RunListing:
+    """Every dump of the run in *storage*, in dump order.
+
+    Raises:
+        StorageNotFoundError: The destination does not exist.
+        StorageError: The storage failed.
+    """
+    files = await storage.list("")
+    if not files:
+        await _check_exists(storage)
+    segments = [f.path for f in files if _is_segment(f.path)]
+    decoded = await gather_bounded(
+        segments, lambda path: _read_segment(storage, path), limit=concurrency
+    )
+    latest, bad = _latest(decoded)
+    if bad:
+        logger.warning("%s: skipped %d unreadable record lines", storage.url, bad)
+    listed = {f.path: f for f in files if not is_internal_path(f.path)}
+    shards = {f.path: f for f in files if is_shard_path(f.path) and parse_temp_path(f.path) is None}
+    recorded_shards = {r.shard for r in latest.values() if r.shard is not None}
+    unindexed = [info for path, info in shards.items() if path not in recorded_shards]
+    found = await gather_bounded(
+        unindexed, lambda shard: _index_shard(storage, shard, suffix), limit=concurrency
+    )
+    dumps = [_from_record(r, listed, shards) for r in latest.values()]
+    unrecorded = [_unrecorded(info, suffix) for path, info in listed.items() if path not in latest]
+    unrecorded += [d for members in found for d in members if d.path not in latest]
+    dumps.extend(_newest_by_path(unrecorded))
+    dumps.sort(key=dump_order)
+    return RunListing(tuple(dumps), len(segments), bad, len(shards), len(unindexed))
+
+
+def _is_segment(path: str) -> bool:
+    return (
+        path.startswith(RECORDS_PREFIX + "/")
+        and path.endswith(".jsonl")
+        and parse_temp_path(path) is None
+    )
+
+
+async def _check_exists(storage: Storage) -> None:
+    # An empty listing of a local path that does not exist is a typo, not an empty run.
+    # Other backends report a missing root from list() themselves, or cannot tell.
+    root = storage.local_path("")
+    if root is not None and not await anyio.to_thread.run_sync(os.path.isdir, root):
+        raise StorageNotFoundError(f"{storage.url}: no such directory")
+
+
+async def _read_segment(storage: Storage, path: str) -> tuple[list[DumpRecord], int]:
+    try:
+        data = await storage.read(path)
+    except StorageNotFoundError:  # replaced between the listing and the read
+        return [], 0
+    return decode_segment(data)
+
+
+def _latest(decoded: Iterable[tuple[list[DumpRecord], int]]) -> tuple[dict[str, DumpRecord], int]:
+    """The newest record of every path, and the number of unreadable lines."""
+    latest: dict[str, DumpRecord] = {}
+    bad = 0
+    for records, skipped in decoded:
+        bad += skipped
+        for record in records:
+            known = latest.get(record.path)
+            if known is None or record.time >= known.time:
+                latest[record.path] = record
+    return latest, bad
+
+
+def _from_record(
+    record: DumpRecord, listed: dict[str, FileInfo], shards: dict[str, FileInfo]
+) -> DumpInfo:
+    problem = _path_problem(record.path)
+    if record.shard is None:
+        file = listed.get(record.path)
+        stored = None if file is None else file.size
+        if problem is None and file is not None and file.outside:
+            problem = _OUTSIDE
+    else:
+        problem = problem or _shard_problem(record)
+        shard = shards.get(record.shard)
+        stored = None if shard is None else _held(shard.size, record.offset or 0, record.size)
+        if problem is None and shard is not None and shard.outside:
+            problem = _OUTSIDE
+    return DumpInfo(
+        name=record.name,
+        path=record.path,
+        size=record.size,
+        checksum=record.checksum,
+        writer=record.writer,
+        host=record.host,
+        pid=record.pid,
+        rank=record.rank,
+        time=record.time,
+        recorded=True,
+        stored_size=stored,
+        shard=record.shard,
+        offset=record.offset,
+        problem=problem,
+    )
+
+
+def _held(shard_size: int, offset: int, size: int) -> int:
+    """How many of a member's *size* bytes at *offset* a shard of *shard_size* bytes holds."""
+    return max(0, min(size, shard_size - offset))
+
+
+def _path_problem(path: str) -> str | None:
+    try:
+        validate_name(path)
+    except InvalidNameError:
+        return f"its path {path!r} is not a path inside the run"
+    return None
+
+
+def _shard_problem(record: DumpRecord) -> str | None:
+    shard = record.shard or ""
+    try:
+        check_relative(shard)
+    except StorageError:
+        return f"its shard {shard!r} is not a path inside the run"
+    if not is_shard_path(shard):
+        return f"its shard {shard!r} is not a shard of the run"
+    if record.offset is None or record.offset < 0 or record.size < 0:
+        return f"its place in the shard ({record.offset}, {record.size} bytes) is invalid"
+    return None
+
+
+def _unrecorded(info: FileInfo, suffix: str) -> DumpInfo:
+    return DumpInfo(
+        name=_name_of(info.path, suffix),
+        path=info.path,
+        size=info.size,
+        checksum=None,
+        writer="",
+        host="",
+        pid=None,
+        rank=None,
+        time=info.mtime,
+        recorded=False,
+        stored_size=info.size,
+        problem=_OUTSIDE if info.outside else None,
+    )
+
+
+def _name_of(path: str, suffix: str) -> str:
+    if suffix and path.endswith(suffix) and len(path) > len(suffix):
+        return path[: -len(suffix)]
+    return path
+
+
+async def _index_shard(storage: Storage, shard: FileInfo, suffix: str) -> list[DumpInfo]:
+    """The members of a shard no record describes, from its tar headers."""
+    if shard.outside:
+        return []
+    try:
+        data = await storage.read(shard.path)
+    except StorageNotFoundError:
+        return []
+    members = await anyio.to_thread.run_sync(scan_members, data)
+    logger.info("%s: indexed %d members of unrecorded shard %s", storage.url, len(members), shard)
+    return [
+        DumpInfo(
+            name=_name_of(member.name, suffix),
+            path=member.name,
+            size=member.size,
+            checksum=None,
+            writer="",
+            host="",
+            pid=None,
+            rank=None,
+            time=shard.mtime,
+            recorded=False,
+            stored_size=member.size,
+            shard=shard.path,
+            offset=member.offset,
+            problem=_path_problem(member.name),
+        )
+        for member in members
+    ]
+
+
+def _newest_by_path(dumps: list[DumpInfo]) -> list[DumpInfo]:
+    """One dump per path: the one with the latest time (a later shard or file wins)."""
+    newest: dict[str, DumpInfo] = {}
+    for dump in dumps:
+        known = newest.get(dump.path)
+        if known is None or (dump.time or 0.0) >= (known.time or 0.0):
+            newest[dump.path] = dump
+    return list(newest.values())

@@ -1,0 +1,96 @@
+"""A blocking facade over :class:`~trajtrack.reader._run.Run`, for synchronous code."""
+
+from __future__ import annotations
+
+import builtins
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from types import TracebackType
+from typing import Any, TypeVar
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from trajtrack.reader._dumps import DumpInfo, RunListing
+from trajtrack.reader._run import Run
+
+__all__ = ["SyncRun"]
+
+R = TypeVar("R")
+
+
+class SyncRun:
+    """A blocking facade over :class:`Run`, for synchronous code.
+
+    ``with SyncRun(url) as run: run.list(); run.load(name)``. It runs the async reader in an
+    event loop on a background thread (an anyio blocking portal).
+    """
+
+    def __init__(self, url: str | os.PathLike[str], **options: Any) -> None:
+        self._portal_cm = start_blocking_portal()
+        self._portal: BlockingPortal = self._portal_cm.__enter__()
+        try:
+            self._run: Run = self._portal.call(_make_run, os.fspath(url), options)
+        except BaseException:
+            self._portal_cm.__exit__(None, None, None)
+            raise
+
+    @property
+    def run(self) -> Run:
+        """The async :class:`Run` behind this facade."""
+        return self._run
+
+    def call(self, fn: Callable[..., Awaitable[R]], *args: Any) -> R:
+        """Run ``await fn(*args)`` on the reader's event loop and return its result."""
+        return self._portal.call(fn, *args)
+
+    def scan(self, *, refresh: bool = False) -> RunListing:
+        """See :meth:`Run.scan`."""
+        listing: RunListing = self._portal.call(lambda: self._run.scan(refresh=refresh))
+        return listing
+
+    def list(self, glob: str | None = None, *, refresh: bool = False) -> builtins.list[DumpInfo]:
+        """See :meth:`Run.list`."""
+        return self._portal.call(lambda: self._run.list(glob, refresh=refresh))
+
+    def info(self, name: str) -> DumpInfo:
+        """See :meth:`Run.info`."""
+        info: DumpInfo = self._portal.call(self._run.info, name)
+        return info
+
+    def read_bytes(self, name: str | DumpInfo) -> bytes:
+        """See :meth:`Run.read_bytes`."""
+        data: bytes = self._portal.call(self._run.read_bytes, name)
+        return data
+
+    def load(self, name: str | DumpInfo, *, unsafe: bool = False) -> Any:
+        """See :meth:`Run.load`."""
+        return self._portal.call(lambda: self._run.load(name, unsafe=unsafe))
+
+    def __iter__(self) -> Iterator[tuple[DumpInfo, Any]]:
+        for info in self.list():
+            if info.present:
+                yield info, self.load(info)
+
+    def close(self) -> None:
+        """Close the storage and stop the background event loop."""
+        try:
+            self._portal.call(self._run.aclose)
+        finally:
+            self._portal_cm.__exit__(None, None, None)
+
+    def __enter__(self) -> SyncRun:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+async def _make_run(url: str, options: dict[str, Any]) -> Run:
+    # Opened on the portal's loop (the storage itself in a worker thread), so a backend that
+    # binds to the running loop binds there.
+    return await Run(url, **options).open()

@@ -1,0 +1,119 @@
+"""The reader never leaves the run: hostile record paths and links out are reported, never read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trajtrack import StoragePermissionError
+from trajtrack.backends.memory import MemoryStorage
+from trajtrack.layouts.records import RECORDS_PREFIX
+from trajtrack.reader import SyncRun
+
+from ._runs import run_cli, run_json, write_run
+
+SECRET = b"the contents of a file outside the run"
+
+
+def _record_line(path: str, **extra: Any) -> str:
+    line = {
+        "v": 1,
+        "name": path.removesuffix(".pth"),
+        "path": path,
+        "size": 10,
+        "checksum": "crc32:00000000",
+        "host": "h",
+        "pid": 1,
+        "rank": 0,
+        "writer": "evil",
+        "time": 1.0,
+        **extra,
+    }
+    return json.dumps(line) + "\n"
+
+
+def _plant_record(run: Path, *lines: str) -> None:
+    segment = run / RECORDS_PREFIX / "evil-000000.jsonl"
+    segment.parent.mkdir(parents=True, exist_ok=True)
+    segment.write_text("".join(lines))
+
+
+@pytest.fixture
+def hostile_run(tmp_path: Path) -> Path:
+    """A real run, plus a record line pointing outside and a link leading out."""
+    run = tmp_path / "run"
+    write_run(str(run), {"good": {"x": torch.arange(3)}})
+    (tmp_path / "outside.pth").write_bytes(SECRET)
+    torch.save({"x": torch.zeros(2)}, tmp_path / "elsewhere.pth")
+    (run / "linked.pth").symlink_to(tmp_path / "elsewhere.pth")
+    _plant_record(
+        run,
+        _record_line("../outside.pth"),
+        _record_line("sub/../../outside.pth"),
+        _record_line("inshard.pth", shard="../outside.pth", offset=0),
+    )
+    return run
+
+
+def test_ls_reports_every_escape_as_a_problem(
+    hostile_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, listing = run_json(capsys, "ls", str(hostile_run))
+    assert code == 0
+    problems = {d["path"]: d["problem"] for d in listing["dumps"]}
+    assert problems["good.pth"] is None
+    for path in ("../outside.pth", "sub/../../outside.pth", "inshard.pth", "linked.pth"):
+        assert problems[path], path
+    code, out, _ = run_cli(capsys, "ls", str(hostile_run))
+    assert out.count("refused:") == 4
+
+
+@pytest.mark.parametrize("name", ["../outside", "sub/../../outside", "inshard", "linked"])
+def test_show_refuses_to_read_outside_the_run(
+    hostile_run: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(capsys, "show", str(hostile_run), name)
+    assert code == 2
+    assert "refusing to read" in err
+    assert "outside" not in out and SECRET.decode() not in out + err
+
+
+def test_load_and_read_bytes_refuse(hostile_run: Path) -> None:
+    with SyncRun(hostile_run) as run:
+        for name in ("../outside", "linked", "inshard"):
+            with pytest.raises(StoragePermissionError):
+                run.read_bytes(name)
+            with pytest.raises(StoragePermissionError):
+                run.load(name)
+        assert run.load("good")["x"].tolist() == [0, 1, 2]
+
+
+def test_verify_fails_on_escapes_without_reading_them(
+    hostile_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, report = run_json(capsys, "verify", str(hostile_run), "--allow-unrecorded")
+    assert code == 1
+    outside = {p["path"] for p in report["problems"] if p["problem"] == "outside"}
+    assert outside == {"../outside.pth", "sub/../../outside.pth", "inshard.pth", "linked.pth"}
+
+
+def test_diff_reports_escapes_as_errors(
+    hostile_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other"
+    write_run(str(other), {"good": {"x": torch.arange(3)}, "linked": {"x": torch.zeros(2)}})
+    code, result = run_json(capsys, "diff", str(hostile_run), str(other))
+    assert code == 2
+    statuses = {d["name"]: d["status"] for d in result["dumps"]}
+    assert statuses["good"] == "equal"
+    assert statuses["linked"] == "error"
+
+
+def test_memory_storage_refuses_traversal_by_name() -> None:
+    storage = MemoryStorage("memory://contain/run")
+    with pytest.raises(StoragePermissionError):
+        storage.put_raw("../x", b"x")
