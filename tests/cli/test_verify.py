@@ -86,4 +86,5 @@ def test_several_problems_at_once(run: Path, capsys: pytest.CaptureFixture[str])
         "oversized": 0,
         "corrupt": 0,
         "unrecorded": 0,
+        "outside": 0,
     }
