@@ -1,10 +1,13 @@
 """The storage contract: every backend passes the same tests.
 
 A backend's test module subclasses :class:`StorageContract` and provides a ``storage`` fixture
-that yields a prepared, empty :class:`trajtrack.backends.Storage`.
+that yields a prepared, empty :class:`trajtrack.backends.Storage`, and a ``plant`` fixture
+(:data:`Plant`) that puts a file into it without going through it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
@@ -12,7 +15,12 @@ import pytest
 from trajtrack import DumpExistsError, StorageNotFoundError
 from trajtrack.backends import Storage
 from trajtrack.backends._protocol import checksum_of
-from trajtrack.layouts.names import is_internal_path, parse_temp_path
+from trajtrack.layouts.names import (
+    WriterIdentity,
+    is_internal_path,
+    parse_temp_path,
+    temp_path_for,
+)
 from trajtrack.tracker._payloads import BytesPayload
 
 
@@ -24,6 +32,11 @@ class _Exploding:
     def write_to(self, out: object) -> None:
         out.write(b"partial")  # type: ignore[attr-defined]
         raise RuntimeError("serializer exploded")
+
+
+Plant = Callable[[str, bytes], Awaitable[None]]
+"""``await plant(path, data)``: put bytes at *path* behind the storage's back (as a crashed
+writer, or a person copying files in, would)."""
 
 
 class StorageContract:
@@ -79,12 +92,38 @@ class StorageContract:
         assert await storage.stat("f/boom.pth") is None
         assert [i.path for i in await storage.list()] == []
 
-    async def test_temp_files_are_hidden_and_parseable(self, storage: Storage) -> None:
-        # What a crashed writer leaves behind must be recognisable as internal.
-        await storage.write_atomic("t/dump.pth", BytesPayload(b"x"), overwrite=True)
-        for info in await storage.list():
-            assert not is_internal_path(info.path)
-            assert parse_temp_path(info.path) is None
+    async def test_temp_files_are_listed_hidden_and_parseable(
+        self, storage: Storage, plant: Plant
+    ) -> None:
+        # What a writer killed between creating its temporary file and the rename leaves
+        # behind: list() must show it (the sweep finds it there), recognisable as internal
+        # and as that writer's, while the dumps beside it are not.
+        dead = WriterIdentity("somehost", 4242, 0, 0, 1)
+        temp = temp_path_for("t/dump.pth", dead)
+        await plant(temp, b"partial")
+        await storage.write_atomic("t/other.pth", BytesPayload(b"x"), overwrite=True)
+        listed = {info.path for info in await storage.list()}
+        assert listed == {temp, "t/other.pth"}
+        assert temp.startswith("t/.dump.pth")
+        assert is_internal_path(temp)
+        assert parse_temp_path(temp) == ("somehost", 4242)
+        assert not is_internal_path("t/other.pth")
+        assert parse_temp_path("t/other.pth") is None
+
+    async def test_ranged_reads(self, storage: Storage) -> None:
+        data = bytes(range(256)) * 4096  # 1 MiB
+        await storage.write_atomic("r/blob.bin", BytesPayload(data), overwrite=True)
+        for offset, length in [(0, 10), (1000, 4096), (len(data) - 7, 7), (12345, 0), (5, 300000)]:
+            assert (
+                await storage.read_range("r/blob.bin", offset, length)
+                == data[offset : offset + length]
+            ), (offset, length)
+        assert await storage.read_range("r/blob.bin", len(data) - 3, 100) == data[-3:]
+        assert await storage.read_range("r/blob.bin", len(data), 10) == b""
+        with pytest.raises(StorageNotFoundError):
+            await storage.read_range("r/missing.bin", 0, 10)
+        with pytest.raises(ValueError, match="offset"):
+            await storage.read_range("r/blob.bin", -1, 10)
 
     async def test_large_payload(self, storage: Storage) -> None:
         data = bytes(range(256)) * (5 * 4096)  # 5 MiB

@@ -12,10 +12,21 @@ from trajtrack.backends import Storage, open_storage
 from trajtrack.backends.local import LocalStorage
 from trajtrack.tracker._payloads import BytesPayload
 
-from .contract import StorageContract
+from .contract import Plant, StorageContract
 
 
-class TestLocalContract(StorageContract):
+class _LocalPlant:
+    @pytest.fixture
+    def plant(self, storage: LocalStorage) -> Plant:
+        async def put(path: str, data: bytes) -> None:
+            target = storage.root / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+
+        return put
+
+
+class TestLocalContract(_LocalPlant, StorageContract):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[Storage]:
         storage = open_storage(str(tmp_path / "dest"))
@@ -24,7 +35,7 @@ class TestLocalContract(StorageContract):
         await storage.aclose()
 
 
-class TestLocalFsyncContract(StorageContract):
+class TestLocalFsyncContract(_LocalPlant, StorageContract):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[Storage]:
         storage = open_storage(f"file://{tmp_path}/dest", fsync=True)

@@ -7,7 +7,7 @@ import pytest
 from trajtrack.backends import Storage, open_storage
 from trajtrack.backends.memory import MemoryStorage
 
-from .contract import StorageContract
+from .contract import Plant, StorageContract
 
 
 class TestMemoryContract(StorageContract):
@@ -18,6 +18,13 @@ class TestMemoryContract(StorageContract):
         await storage.prepare()
         yield storage
         await storage.aclose()
+
+    @pytest.fixture
+    def plant(self, storage: MemoryStorage) -> Plant:
+        async def put(path: str, data: bytes) -> None:
+            storage.put_raw(path, data)
+
+        return put
 
 
 async def test_stores_are_shared_by_name() -> None:

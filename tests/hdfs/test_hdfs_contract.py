@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import anyio
 import pytest
+from hdfs import InsecureClient
 
 from _support.hdfs_cluster import HdfsCluster
-from backends.contract import StorageContract
+from backends.contract import Plant, StorageContract
 from trajtrack import ConfigurationError, StorageError, StoragePermissionError
 from trajtrack.backends import Storage, open_storage
 from trajtrack.backends.webhdfs import WebHdfsStorage
@@ -23,6 +25,18 @@ class TestWebHdfsContract(StorageContract):
         await storage.prepare()
         yield storage
         await storage.aclose()
+
+    @pytest.fixture
+    def plant(self, storage: WebHdfsStorage, hdfs_cluster: HdfsCluster) -> Plant:
+        client = InsecureClient(
+            f"http://127.0.0.1:{hdfs_cluster.http_port}", user=hdfs_cluster.superuser
+        )
+
+        async def put(path: str, data: bytes) -> None:
+            target = f"{storage.root}/{path}"
+            await anyio.to_thread.run_sync(lambda: client.write(target, data=data, overwrite=True))
+
+        return put
 
 
 async def test_hdfs_url_resolved_through_the_cluster_configuration(

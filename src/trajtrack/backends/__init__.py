@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from trajtrack._exceptions import ConfigurationError, MissingDependencyError
 from trajtrack.backends._protocol import (
+    BytesPayload,
     ChecksumWriter,
     FileInfo,
     Payload,
@@ -26,6 +27,7 @@ from trajtrack.backends._protocol import (
 )
 
 __all__ = [
+    "BytesPayload",
     "ChecksumWriter",
     "FileInfo",
     "Payload",

@@ -13,6 +13,7 @@ from typing import BinaryIO, Protocol, runtime_checkable
 from trajtrack._exceptions import StoragePermissionError
 
 __all__ = [
+    "BytesPayload",
     "ChecksumWriter",
     "FileInfo",
     "Payload",
@@ -39,6 +40,20 @@ class Payload(Protocol):
     def write_to(self, out: BinaryIO) -> None:
         """Write the payload's bytes to *out*."""
         ...
+
+
+class BytesPayload:
+    """A payload that is already bytes (not copied)."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self.data = memoryview(data)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def write_to(self, out: BinaryIO) -> None:
+        out.write(self.data)
 
 
 @dataclass(frozen=True, slots=True)

@@ -425,7 +425,14 @@ class WebHdfsStorage:
         check_range(offset, length)
         if length == 0:
             return b""
-        return await self._run(self._read_sync, path, offset, length)
+        try:
+            return await self._run(self._read_sync, path, offset, length)
+        except StorageError as exc:
+            # The NameNode refuses an offset at or past the end ("Offset=N out of the range
+            # [0, N)") where a file read gives nothing: answer as the other backends do.
+            if offset and "out of the range" in str(exc):
+                return b""
+            raise
 
     async def list(self, prefix: str = "") -> list[FileInfo]:
         return await self._run(self._list_sync, prefix)

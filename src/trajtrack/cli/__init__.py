@@ -1,4 +1,4 @@
-"""The ``trajtrack`` command: ``ls``, ``show``, ``diff``, ``verify`` and ``demo``.
+"""The ``trajtrack`` command: ``ls``, ``show``, ``diff``, ``verify``, ``export`` and ``demo``.
 
 Exit codes (all commands): 0 success; 1 the answer is "no" (``diff``: the runs differ,
 ``verify``: problems found); 2 usage error, unreadable storage or undeserializable dump;
@@ -19,6 +19,7 @@ import torch
 
 import trajtrack.cli.demo as demo
 import trajtrack.cli.diff as diff
+import trajtrack.cli.export as export
 import trajtrack.cli.ls as ls
 import trajtrack.cli.show as show
 import trajtrack.cli.verify as verify
@@ -27,12 +28,12 @@ from trajtrack.cli._common import EXIT_ERROR, Streams
 
 __all__ = ["build_parser", "main"]
 
-_COMMANDS = (ls, show, diff, verify, demo)
+_COMMANDS = (ls, show, diff, verify, export, demo)
 
 _EPILOG = """\
 exit codes:
   0    success (diff: equal within tolerance; verify: no problem)
-  1    diff: the runs differ; verify: problems found
+  1    diff: the runs differ; verify: problems found; export: dumps skipped
   2    usage error, unreadable storage, or a dump that cannot be loaded
   130  interrupted
 

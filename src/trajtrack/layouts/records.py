@@ -37,7 +37,8 @@ class DumpRecord:
         pid: Process id of the writing process.
         rank: ``RANK`` of the writing process (0 when unset).
         writer: Id of the tracker that wrote it (one per tracker instance).
-        time: Commit time, seconds since the epoch.
+        time: Commit time, seconds since the epoch (for a shard member: when it was written
+            into its shard, so that dump order survives shards committed out of order).
         shard: The shard file holding the dump (sharded layout), relative to the
             destination; ``None`` when the dump is a file of its own at *path*.
         offset: Where the dump's bytes begin in *shard* (they are *size* bytes long).

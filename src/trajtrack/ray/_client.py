@@ -54,6 +54,7 @@ from trajtrack.tracker import (
     measure_plain,
     snapshot_plain,
     torch_save,
+    tracker_options_from_env,
 )
 
 __all__ = [
@@ -151,7 +152,9 @@ def get_trajectory_tracker(
         namespace: Ray namespace; default ``TRAJTRACK_RAY_NAMESPACE`` or ``"trajtrack"``.
         actor_options: Extra ``ActorClass.options`` (e.g. ``num_cpus``, a scheduling strategy).
         **tracker_options: Keyword arguments for :class:`trajtrack.Tracker` in the actor
-            (``name_template``, ``workers``, ``max_pending_bytes``, ...).
+            (``name_template``, ``workers``, ``layout``, ...); the environment's
+            (``TRAJTRACK_LAYOUT``, ``TRAJTRACK_SHARD_MAX_BYTES``, ``TRAJTRACK_SHARD_MAX_AGE``)
+            apply where these do not say.
 
     Returns:
         The actor handle: call ``dump``, ``flush`` (``wait_for_hdfs``), ``statistics`` and
@@ -181,7 +184,9 @@ def get_trajectory_tracker(
         "lifetime": "detached",
     }
     return _RemoteTrackerActor.options(**options).remote(
-        _absolute(os.fspath(destination)), tracker_options, _channel_mode() != "off"
+        _absolute(os.fspath(destination)),
+        {**tracker_options_from_env(), **tracker_options},
+        _channel_mode() != "off",
     )
 
 

@@ -10,6 +10,7 @@ Read the modules in this order::
     _compare.py    compare(): the structural walk over two objects, with a Tolerance
     _numeric.py    element-wise comparison of two tensors (the hot loop of compare)
     _diff.py       diff_runs(): two runs paired by name, compared dump by dump
+    _export.py     export_run(): any run written out in the files layout
 
 The CLI (:mod:`trajtrack.cli`) is built on these names; so can be any other tool.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 from trajtrack.reader._compare import Difference, Tolerance, compare
 from trajtrack.reader._diff import DumpComparison, RunDiff, diff_runs
 from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order, matches
+from trajtrack.reader._export import ExportResult, export_run
 from trajtrack.reader._gather import gather_bounded
 from trajtrack.reader._run import Run, open_run
 from trajtrack.reader._safe_load import check_loadable, load_dump_bytes
@@ -28,6 +30,7 @@ __all__ = [
     "Difference",
     "DumpComparison",
     "DumpInfo",
+    "ExportResult",
     "Run",
     "RunDiff",
     "RunListing",
@@ -37,6 +40,7 @@ __all__ = [
     "compare",
     "diff_runs",
     "dump_order",
+    "export_run",
     "gather_bounded",
     "load_dump_bytes",
     "matches",

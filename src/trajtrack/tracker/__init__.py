@@ -14,6 +14,9 @@ Read the modules in this order::
     _ledger.py       handles, counters and the failure to re-raise
     _recorder.py     the record of what was written (layouts/records.py)
     _sweep.py        the temporary files dead writers left behind
+    _shards.py       the shards layout: dumps packed into tar shards (layouts/shards.py)
+    _layouts.py      the layout options
+    _environment.py  what the environment configures (the shim's and Ray adapter's switches)
     _sync.py         the sync shim: SyncTracker, dump_data, get_tracker (verl's drop-in)
 
 The storage side is :mod:`trajtrack.backends`; the on-disk format :mod:`trajtrack.layouts`.
@@ -22,6 +25,12 @@ The names below are what the rest of trajtrack (the Ray adapter, the CLI) builds
 
 from __future__ import annotations
 
+from trajtrack.tracker._environment import (
+    destination_from_env,
+    exit_timeout_from_env,
+    is_enabled,
+    tracker_options_from_env,
+)
 from trajtrack.tracker._handle import DumpHandle
 from trajtrack.tracker._ledger import add_note
 from trajtrack.tracker._payloads import ObjectPayload
@@ -30,14 +39,7 @@ from trajtrack.tracker._runner import TrackerState
 from trajtrack.tracker._serialize import Serializer, torch_save
 from trajtrack.tracker._snapshot import NUMPY_DTYPES, NotPlainError, measure_plain, snapshot_plain
 from trajtrack.tracker._stats import TrackerStatistics
-from trajtrack.tracker._sync import (
-    SyncTracker,
-    destination_from_env,
-    dump_data,
-    exit_timeout_from_env,
-    get_tracker,
-    is_enabled,
-)
+from trajtrack.tracker._sync import SyncTracker, dump_data, get_tracker
 from trajtrack.tracker._tracker import Tracker
 
 __all__ = [
@@ -60,4 +62,5 @@ __all__ = [
     "measure_plain",
     "snapshot_plain",
     "torch_save",
+    "tracker_options_from_env",
 ]

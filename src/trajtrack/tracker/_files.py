@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import functools
 
+import anyio
+
 from trajtrack._retry import RetryPolicy, retry_async
 from trajtrack.backends import Storage
-from trajtrack.tracker._queue import Job
-from trajtrack.tracker._worker import Outcomes
+from trajtrack.tracker._queue import Job, PendingQueue
+from trajtrack.tracker._worker import Outcomes, Spawn, upload_worker
 
 __all__ = ["FilesLayout"]
 
@@ -35,6 +37,10 @@ class FilesLayout:
         self._retry = retry
         self._overwrite = overwrite
 
+    def start(self, spawn: Spawn, queue: PendingQueue, workers: int, stop: anyio.Event) -> None:
+        for _ in range(workers):  # each file its own write: uploads in parallel
+            spawn(upload_worker, queue, self.write)
+
     async def write(self, job: Job) -> None:
         what = f"writing {job.path!r}"
         write = functools.partial(
@@ -52,5 +58,11 @@ class FilesLayout:
         else:
             self._outcomes.committed(job, result.size, result.checksum)
 
-    async def seal(self) -> None:
+    async def seal_after(self, jobs: list[Job]) -> None:
         return None  # every file is committed when its write returns
+
+    async def seal(self) -> None:
+        return None
+
+    def discard(self) -> None:
+        return None

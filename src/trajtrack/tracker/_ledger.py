@@ -59,7 +59,7 @@ class Ledger:
     def __init__(self, destination: str) -> None:
         self._destination = destination
         self.counters = Counters()
-        self._outstanding: set[DumpFuture] = set()
+        self._outstanding: dict[DumpFuture, Job] = {}
         self._failure: BaseException | None = None
         self._failure_count = 0
 
@@ -68,13 +68,13 @@ class Ledger:
         with self.counters.lock:
             self.counters.enqueued += 1
             if not job.future.done():  # a drop_newest job is already settled
-                self._outstanding.add(job.future)
+                self._outstanding[job.future] = job
         return DumpHandle(job.name, job.path, job.future)
 
-    def outstanding(self) -> list[DumpFuture]:
-        """The futures of every dump admitted and not yet settled."""
+    def outstanding(self) -> list[Job]:
+        """Every dump admitted and not yet settled."""
         with self.counters.lock:
-            return list(self._outstanding)
+            return list(self._outstanding.values())
 
     def committed(self, job: Job, record: DumpRecord, latency: float) -> None:
         """*job* is committed as *record*, *latency* seconds after it was admitted."""
@@ -114,7 +114,7 @@ class Ledger:
     ) -> None:
         """Resolve one dump's future (once; later calls are ignored)."""
         with self.counters.lock:
-            self._outstanding.discard(future)
+            self._outstanding.pop(future, None)
         if future.done():
             return
         if error is not None:
@@ -125,7 +125,7 @@ class Ledger:
     def settle_all(self, make_error: Callable[[], BaseException]) -> int:
         """Fail every unsettled dump with an error from *make_error*; returns how many."""
         with self.counters.lock:
-            futures, self._outstanding = self._outstanding, set()
+            futures, self._outstanding = self._outstanding, {}
         for future in futures:
             if not future.done():
                 future.set_exception(make_error())

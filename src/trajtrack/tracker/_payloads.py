@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO, Final
 
 from trajtrack._exceptions import SerializationError
-from trajtrack.backends import ChecksumWriter
+from trajtrack.backends import BytesPayload, ChecksumWriter
 from trajtrack.tracker._forkgate import FORK_GATE
 from trajtrack.tracker._serialize import Serializer, torch_save
 
@@ -100,20 +100,6 @@ class DeferredPayload(ObjectPayload):
                 raise SerializationError(f"could not rebuild the dump: {exc}") from exc
             self._make = None
         return self.obj
-
-
-class BytesPayload:
-    """A snapshot that is already bytes."""
-
-    def __init__(self, data: bytes | bytearray | memoryview) -> None:
-        self.data = memoryview(data)
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.nbytes
-
-    def write_to(self, out: BinaryIO) -> None:
-        out.write(self.data)
 
 
 class SpoolPayload:

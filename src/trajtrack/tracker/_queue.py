@@ -49,6 +49,7 @@ class Job:
     future: Any  # concurrent.futures.Future[DumpRecord]
     enqueued_at: float = field(default_factory=time.monotonic)
     who: Any = None  # WriterIdentity of the process that made the dump, when not this one
+    spooled: bool = False  # in a shard being made: its item slot is free, its bytes are not
 
 
 class PendingQueue:
@@ -94,7 +95,7 @@ class PendingQueue:
         return len(self._jobs)
 
     def _fits(self, nbytes: int) -> bool:
-        if self._pending_items == 0:
+        if self._pending_items == 0 and self._pending_bytes == 0:
             return True  # the oversize rule: alone, anything fits
         return (
             self._pending_items < self._max_items
@@ -202,8 +203,42 @@ class PendingQueue:
         """Release *job*'s share of the budget (its upload ended, either way)."""
         with self._lock:
             self._pending_bytes -= job.nbytes
-            self._pending_items -= 1
+            if not job.spooled:
+                self._pending_items -= 1
         self._wake_space_waiters()
+
+    def spooled(self, jobs: list[Job]) -> None:
+        """*jobs* are in a shard being made: free their item slots, keep their bytes counted.
+
+        A shard collects thousands of small dumps before it is sealed; the item budget bounds
+        the snapshots waiting in memory, the byte budget everything not yet committed.
+        """
+        with self._lock:
+            for job in jobs:
+                if not job.spooled:
+                    job.spooled = True
+                    self._pending_items -= 1
+        self._wake_space_waiters()
+
+    async def get_batch(self, max_items: int, max_bytes: int) -> list[Job]:
+        """The next job, waiting, plus what is already queued behind it, within the limits.
+
+        Empty once the queue is closed and empty. A batch never waits for more jobs: it takes
+        what is there (one thread hop for many small dumps).
+        """
+        first = await self.get()
+        if first is None:
+            return []
+        batch = [first]
+        nbytes = first.nbytes
+        with self._lock:
+            while (
+                self._jobs and len(batch) < max_items and nbytes + self._jobs[0].nbytes <= max_bytes
+            ):
+                job = self._jobs.popleft()
+                batch.append(job)
+                nbytes += job.nbytes
+        return batch
 
     def drain_queued(self) -> list[Job]:
         """Remove and return every job still waiting (used when closing times out)."""

@@ -31,12 +31,14 @@ from trajtrack.backends import Storage
 from trajtrack.layouts.names import WriterIdentity
 from trajtrack.layouts.records import DumpRecord
 from trajtrack.tracker._files import FilesLayout
+from trajtrack.tracker._layouts import LayoutOptions, existing_paths
 from trajtrack.tracker._ledger import Ledger
 from trajtrack.tracker._queue import PendingQueue
 from trajtrack.tracker._recorder import Recorder
+from trajtrack.tracker._shards import ShardsLayout
 from trajtrack.tracker._stats import TrackerStatistics
-from trajtrack.tracker._sweep import sweep_stale
-from trajtrack.tracker._worker import Layout, Outcomes, upload_worker
+from trajtrack.tracker._sweep import sweep_local, sweep_stale
+from trajtrack.tracker._worker import Layout, Outcomes, Spawn
 
 __all__ = ["Runner", "TrackerState"]
 
@@ -76,6 +78,7 @@ class Runner:
         record: Whether to write the record.
         record_interval: Seconds between record segments.
         sweep: Whether to sweep stale temporary files at start.
+        layout: How dumps map onto storage files (``files`` or ``shards``, and its options).
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class Runner:
         record: bool,
         record_interval: float,
         sweep: bool,
+        layout: LayoutOptions,
     ) -> None:
         self._url = url
         self._ledger = ledger
@@ -107,6 +111,7 @@ class Runner:
         self._record = record
         self._record_interval = record_interval
         self._sweep = sweep
+        self._layout_options = layout
         self.state = TrackerState.NEW
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: PendingQueue | None = None
@@ -121,6 +126,10 @@ class Runner:
         self._fatal: BaseException | None = None
 
     # ------------------------------------------------------------------ parts
+
+    @property
+    def layout(self) -> str:
+        return self._layout_options.kind
 
     @property
     def queue(self) -> PendingQueue:
@@ -152,8 +161,11 @@ class Runner:
     async def start(self, storage: Storage) -> None:
         """Prepare *storage*, sweep it, start the workers under the supervisor."""
         await storage.prepare()
+        spool = self._layout_options.spool_dir_for(storage)
         if self._sweep:
             await sweep_stale(storage, self._who)
+            if storage.spool_dir is None:  # a remote destination spools on this machine
+                await anyio.to_thread.run_sync(sweep_local, spool, self._who)
         self._loop = asyncio.get_running_loop()
         self._finished, self._stop_ticker, self._close_done = (anyio.Event() for _ in range(3))
         self._storage = storage
@@ -173,7 +185,7 @@ class Runner:
             who=self._who,
             suffix=self._suffix,
         )
-        self._layout = FilesLayout(storage, outcomes, retry=self._retry, overwrite=self._overwrite)
+        self._layout = await self._make_layout(storage, outcomes, spool)
         started = anyio.Event()
         self._task = self._loop.create_task(self._supervise(started), name=f"trajtrack:{self._url}")
         self._task.add_done_callback(_retrieve)
@@ -181,6 +193,22 @@ class Runner:
         if self._fatal is None:
             self.state = TrackerState.RUNNING
         logger.debug("tracker started: %s (%d workers)", self._url, self._workers)
+
+    async def _make_layout(self, storage: Storage, outcomes: Outcomes, spool: str) -> Layout:
+        options = self._layout_options
+        if options.kind == "files":
+            return FilesLayout(storage, outcomes, retry=self._retry, overwrite=self._overwrite)
+        return ShardsLayout(
+            storage,
+            outcomes,
+            retry=self._retry,
+            writer=self._writer,
+            who=self._who,
+            spool_dir=spool,
+            max_bytes=options.shard_max_bytes,
+            max_age=options.shard_max_age,
+            existing=None if self._overwrite else await existing_paths(storage),
+        )
 
     async def _supervise(self, started: anyio.Event) -> None:
         assert self._queue is not None
@@ -190,10 +218,13 @@ class Runner:
         try:
             async with anyio.create_task_group() as group:
                 self._group = group
-                for _ in range(self._workers):
-                    group.start_soon(self._guarded, upload_worker, self._queue, self._layout)
+
+                def spawn(part: Callable[..., Awaitable[None]], *args: Any) -> None:
+                    group.start_soon(self._guarded, part, *args)
+
+                self._layout.start(spawn, self._queue, self._workers, self._stop_ticker)
                 if self._recorder.enabled:
-                    group.start_soon(self._guarded, self._recorder.run_ticker, self._stop_ticker)
+                    spawn(self._recorder.run_ticker, self._stop_ticker)
                 started.set()
         except Exception as exc:  # already reported by _guarded; nothing more to raise
             self._crash(exc)
@@ -247,8 +278,8 @@ class Runner:
         assert self._recorder is not None
         waiting = self._ledger.outstanding()
         with anyio.fail_after(timeout):
-            await self._layout.seal()
-            await _wait_all(waiting)
+            await self._layout.seal_after(waiting)
+            await _wait_all([job.future for job in waiting])
             if self._fatal is not None:
                 raise self._failed_error()
             await self._recorder.write()
@@ -272,7 +303,7 @@ class Runner:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             unfinished = await self._drain(timeout)
-            await self._finish(deadline)
+            await self._finish(deadline, seal=not unfinished and self._fatal is None)
         finally:
             self.state = TrackerState.CLOSED
             self._close_done.set()
@@ -306,15 +337,16 @@ class Runner:
         logger.error("closing %s: %d dumps were not written within %s s", self._url, count, timeout)
         return count
 
-    async def _finish(self, deadline: float | None) -> None:
+    async def _finish(self, deadline: float | None, *, seal: bool) -> None:
         # A storage that hangs must not hang close(): fail_after cannot interrupt a blocking
         # call in a worker thread, so these steps are abandoned (not awaited) past the budget.
         assert self._recorder is not None
         left = 30.0 if deadline is None else max(_GRACE, deadline - time.monotonic())
-        steps = (
-            (self._layout.seal, "seal the last shard"),
-            (self._recorder.write, "write the final record segment"),
-        )
+        if not seal:  # the drain gave up (or the tracker failed): those dumps already failed
+            self._layout.discard()
+        steps = [(self._recorder.write, "write the final record segment")]
+        if seal:
+            steps.insert(0, (self._layout.seal, "seal the last shard"))
         for step, what in steps:
             try:
                 if not await _finished_within(step(), left):
@@ -371,10 +403,16 @@ def _leaf(exc: BaseException) -> BaseException:
 class _NotStarted:
     """The layout before start(): there is nothing to write or seal."""
 
-    async def write(self, job: Any) -> None:
+    def start(self, spawn: Spawn, queue: PendingQueue, workers: int, stop: anyio.Event) -> None:
         raise TrackerStateError("the tracker has not been started")
 
+    async def seal_after(self, jobs: list[Any]) -> None:
+        return None
+
     async def seal(self) -> None:
+        return None
+
+    def discard(self) -> None:
         return None
 
 

@@ -15,7 +15,7 @@ from trajtrack._exceptions import StorageError
 from trajtrack.backends import Storage
 from trajtrack.layouts.names import WriterIdentity, parse_temp_path
 
-__all__ = ["process_alive", "sweep_stale"]
+__all__ = ["process_alive", "sweep_local", "sweep_stale"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,3 +53,28 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True  # exists, owned by someone else
     return True
+
+
+def sweep_local(directory: str, who: WriterIdentity) -> int:
+    """Delete this host's dead writers' spool files in a local *directory* (blocking).
+
+    Shards in the making and large snapshots spool there when the destination is remote;
+    a killed writer leaves them behind. Returns how many were removed.
+    """
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in names:
+        owner = parse_temp_path(name)
+        if owner is None or owner[0] != who.host or process_alive(owner[1]):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError as exc:
+            logger.warning("could not remove the stale spool file %s: %s", name, exc)
+            continue
+        logger.info("removed stale spool file %s (writer pid %d)", name, owner[1])
+        removed += 1
+    return removed

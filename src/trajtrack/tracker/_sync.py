@@ -29,9 +29,15 @@ from typing import Any
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from trajtrack._environ import getenv
-from trajtrack._exceptions import ConfigurationError, TrackerClosedError, TrackerStateError
+from trajtrack._exceptions import TrackerClosedError, TrackerStateError
 from trajtrack._progress import Progress
+from trajtrack.tracker._environment import (
+    DEFAULT_EXIT_TIMEOUT,
+    destination_from_env,
+    exit_timeout_from_env,
+    is_enabled,
+    tracker_options_from_env,
+)
 from trajtrack.tracker._handle import DumpHandle
 from trajtrack.tracker._stats import TrackerStatistics
 from trajtrack.tracker._tracker import Tracker
@@ -40,42 +46,8 @@ __all__ = ["SyncTracker", "dump_data", "get_tracker", "is_enabled"]
 
 logger = logging.getLogger("trajtrack")
 
-ENABLE_VARS = ("VERL_ENABLE_TRACKER", "TRAJTRACK_ENABLE")
-DIR_VARS = ("TRAJTRACK_DIR", "VERL_TRACKER_HDFS_DIR")
-EXIT_TIMEOUT_VAR = "TRAJTRACK_EXIT_TIMEOUT"
-DEFAULT_EXIT_TIMEOUT = 120.0
 _PROGRESS_AFTER = 1.0  # seconds of silent waiting before a progress bar appears
 _CLOSE_GRACE = 5.0  # seconds past the close budget before the shim stops waiting for the tracker
-
-
-def is_enabled() -> bool:
-    """True when ``VERL_ENABLE_TRACKER`` or ``TRAJTRACK_ENABLE`` is exactly ``"1"``.
-
-    Exactly like the original: ``"true"``, ``"yes"`` or ``"01"`` do not enable it.
-    """
-    # In every dump call: two cheap lookups, no generator.
-    return getenv("VERL_ENABLE_TRACKER") == "1" or getenv("TRAJTRACK_ENABLE") == "1"
-
-
-def destination_from_env() -> str:
-    for var in DIR_VARS:
-        value = os.environ.get(var)
-        if value:
-            return value
-    raise ConfigurationError(
-        "the trajtrack tracker is enabled but has no destination: set TRAJTRACK_DIR or "
-        "VERL_TRACKER_HDFS_DIR to a local path or an hdfs:// / webhdfs:// URL"
-    )
-
-
-def exit_timeout_from_env() -> float:
-    raw = os.environ.get(EXIT_TIMEOUT_VAR)
-    if not raw:
-        return DEFAULT_EXIT_TIMEOUT
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigurationError(f"{EXIT_TIMEOUT_VAR}={raw!r} is not a number of seconds") from None
 
 
 class SyncTracker:
@@ -259,7 +231,11 @@ def get_tracker() -> SyncTracker:
     with _global_lock:
         if _global is None:
             _install_hooks()
-            _global = SyncTracker(destination_from_env(), exit_timeout=exit_timeout_from_env())
+            _global = SyncTracker(
+                destination_from_env(),
+                exit_timeout=exit_timeout_from_env(),
+                **tracker_options_from_env(),
+            )
             _register_exit(_global)
         return _global
 

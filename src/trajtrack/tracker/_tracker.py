@@ -35,6 +35,12 @@ from trajtrack.backends import Payload, Storage, open_storage
 from trajtrack.layouts.names import WriterIdentity, check_template, render_name, validate_name
 from trajtrack.layouts.records import DumpRecord, new_writer_id
 from trajtrack.tracker._handle import DumpHandle
+from trajtrack.tracker._layouts import (
+    DEFAULT_SHARD_MAX_AGE,
+    DEFAULT_SHARD_MAX_BYTES,
+    LayoutName,
+    LayoutOptions,
+)
 from trajtrack.tracker._ledger import Ledger, add_note
 from trajtrack.tracker._payloads import BytesPayload, DeferredPayload
 from trajtrack.tracker._queue import FullPolicy, Job
@@ -83,6 +89,14 @@ class Tracker:
         storage: An already-open storage to use instead of opening *destination*; the
             tracker closes it when it closes.
         storage_options: Keyword arguments for the storage backend (e.g. ``fsync=True``).
+        layout: ``"files"`` (default: one ``<name><suffix>`` file per dump, what existing
+            ``torch.load(path)`` scripts expect; right for large dumps) or ``"shards"``
+            (dumps packed into tar shards below ``.trajtrack/shards/``; right for many small
+            dumps, above all on HDFS). Readers and the CLI handle both, and mixes.
+        shard_max_bytes: Shards layout: seal a shard once it holds this many bytes; a
+            larger dump gets a shard of its own.
+        shard_max_age: Shards layout: seal a shard once its oldest dump is this many
+            seconds old (``flush()`` and close seal it too).
     """
 
     def __init__(
@@ -106,6 +120,9 @@ class Tracker:
         spool_dir: str | None = None,
         storage: Storage | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        layout: LayoutName = "files",
+        shard_max_bytes: int = DEFAULT_SHARD_MAX_BYTES,
+        shard_max_age: float = DEFAULT_SHARD_MAX_AGE,
     ) -> None:
         self._url = os.fspath(destination)
         _require(max_pending_bytes > 0, "max_pending_bytes must be > 0")
@@ -145,6 +162,7 @@ class Tracker:
             record=record,
             record_interval=record_interval,
             sweep=sweep_stale,
+            layout=LayoutOptions(layout, shard_max_bytes, shard_max_age, spool_dir),
         )
         self._serializer = serializer
         self._last_checkpoint = 0.0
@@ -155,6 +173,11 @@ class Tracker:
     def destination(self) -> str:
         """The destination URL or path, as given."""
         return self._url
+
+    @property
+    def layout(self) -> str:
+        """``"files"`` or ``"shards"``."""
+        return self._runner.layout
 
     @property
     def state(self) -> TrackerState:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol
+
+import anyio
 
 from trajtrack._exceptions import StorageError
 from trajtrack.layouts.names import WriterIdentity
@@ -20,20 +23,33 @@ from trajtrack.tracker._ledger import Ledger
 from trajtrack.tracker._queue import Job, PendingQueue
 from trajtrack.tracker._recorder import Recorder
 
-__all__ = ["Layout", "Outcomes", "upload_worker"]
+__all__ = ["Layout", "Outcomes", "Spawn", "upload_worker"]
 
 logger = logging.getLogger(__name__)
+
+
+Spawn = Callable[..., None]
+"""``spawn(part, *args)``: run ``await part(*args)`` in the tracker's supervised task group."""
 
 
 class Layout(Protocol):
     """How jobs become storage files (the files layout; the shards layout)."""
 
-    async def write(self, job: Job) -> None:
-        """Write *job*; report its outcome to the :class:`Outcomes` (now, or later)."""
+    def start(self, spawn: Spawn, queue: PendingQueue, workers: int, stop: anyio.Event) -> None:
+        """Start the layout's tasks with *spawn*: they take jobs from *queue* until it is
+        closed and empty (*workers*: how many may upload at once; *stop*: set at close)."""
+        ...
+
+    async def seal_after(self, jobs: list[Job]) -> None:
+        """Once every job of *jobs* is written (or settled), commit what holds them."""
         ...
 
     async def seal(self) -> None:
-        """Commit everything written so far (``flush()``, close); report the outcomes."""
+        """Commit everything written so far (close); report the outcomes."""
+        ...
+
+    def discard(self) -> None:
+        """Drop what is not committed (close gave up); its dumps were already failed."""
         ...
 
 
@@ -74,8 +90,13 @@ class Outcomes:
         *,
         shard: str | None = None,
         offset: int | None = None,
+        at: float | None = None,
     ) -> None:
-        """*job* is in the storage: under its own path, or at *offset* in *shard*."""
+        """*job* is in the storage: under its own path, or at *offset* in *shard*.
+
+        *at* is the record's time when not now: a shard member's is when it was written into
+        its shard, which keeps dump order across shards committed out of order.
+        """
         who = job.who or self._who
         record = DumpRecord(
             name=job.path[: len(job.path) - len(self._suffix)] if self._suffix else job.path,
@@ -86,7 +107,7 @@ class Outcomes:
             pid=who.pid,
             rank=who.rank,
             writer=self._writer,
-            time=time.time(),
+            time=time.time() if at is None else at,
             shard=shard,
             offset=offset,
         )
@@ -109,7 +130,7 @@ class Outcomes:
         job.payload = None  # free the snapshot now, not when the handle goes
 
 
-async def upload_worker(queue: PendingQueue, layout: Layout) -> None:
-    """Hand every queued job to *layout* until the queue is closed and empty."""
+async def upload_worker(queue: PendingQueue, write: Callable[[Job], Awaitable[None]]) -> None:
+    """``await write(job)`` for every queued job until the queue is closed and empty."""
     while (job := await queue.get()) is not None:
-        await layout.write(job)
+        await write(job)

@@ -1,0 +1,87 @@
+"""``trajtrack export URL DEST [--glob G]``: any run, written out in the files layout."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import Any
+
+import anyio.to_thread
+
+from trajtrack.backends import open_storage
+from trajtrack.cli._common import (
+    EXIT_DIFFERENT,
+    EXIT_OK,
+    Streams,
+    add_output_options,
+    format_size,
+    progress_callback,
+    write_json,
+)
+from trajtrack.reader import export_run, open_run
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "export",
+        help="write any run (sharded, files, or a mix) in the files layout",
+        description=(
+            "Copy every dump of the run at URL to DEST as <name>.pth files, the files "
+            "layout that plain torch.load(path) scripts read, together with a record "
+            "(so that ls/show/diff/verify work on the copy). The bytes are copied unchanged; "
+            "a dump whose bytes do not match its recorded checksum is not copied but "
+            "reported. DEST may be a local path or any storage URL."
+        ),
+        epilog="exit codes: 0 every dump exported, 1 some dumps were skipped (reported), "
+        "2 usage or I/O error.",
+    )
+    parser.add_argument("url", metavar="URL", help="the run to export")
+    parser.add_argument("dest", metavar="DEST", help="where to write the files layout")
+    parser.add_argument("-g", "--glob", metavar="G", help="only dumps matching this glob")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace files that already exist in DEST"
+    )
+    add_output_options(parser, progress=True)
+    parser.set_defaults(handler=run)
+
+
+async def run(args: argparse.Namespace, streams: Streams) -> int:
+    update, close = progress_callback(streams, "export", quiet=args.quiet)
+    destination = await anyio.to_thread.run_sync(functools.partial(open_storage, args.dest))
+    try:
+        async with open_run(args.url, concurrency=args.concurrency) as source:
+            try:
+                result = await export_run(
+                    source,
+                    destination,
+                    glob=args.glob,
+                    overwrite=args.overwrite,
+                    on_progress=update,
+                )
+            finally:
+                close()
+    finally:
+        await destination.aclose()
+    code = EXIT_DIFFERENT if result.skipped else EXIT_OK
+    if args.json:
+        write_json(
+            streams,
+            {
+                "url": args.url,
+                "dest": args.dest,
+                "written": result.written,
+                "bytes_written": result.bytes_written,
+                "skipped": [{"name": n, "reason": r} for n, r in result.skipped],
+                "exit_code": code,
+            },
+        )
+        return code
+    for name, reason in result.skipped:
+        streams.line(f"SKIPPED  {name}: {reason}")
+    streams.line(
+        f"exported {result.written} dumps ({format_size(result.bytes_written)}) to {args.dest}"
+        + (f"; {len(result.skipped)} skipped" if result.skipped else "")
+    )
+    return code

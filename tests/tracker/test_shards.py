@@ -1,0 +1,264 @@
+"""The shards layout (tracker/_shards.py): packing, sealing, commits, failures, names."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import tarfile
+import threading
+import zlib
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import anyio
+import pytest
+import torch
+
+from trajtrack import (
+    ConfigurationError,
+    DumpExistsError,
+    QueueFullError,
+    SerializationError,
+    StorageUnavailableError,
+    Tracker,
+)
+from trajtrack.backends.memory import MemoryStorage
+from trajtrack.layouts.shards import SHARDS_DIR, is_shard_path
+
+SHARDS = Path(SHARDS_DIR)
+
+
+def tiny(i: int) -> dict[str, Any]:
+    return {"i": i, "x": torch.full((64,), float(i))}
+
+
+def pickled(obj: Any, out: BinaryIO) -> None:
+    """A deterministic serializer: the same object gives the same bytes in any layout.
+
+    (Pickling a tensor itself is not: torch keys its storage by memory address.)
+    """
+    out.write(pickle.dumps({k: v.tolist() if torch.is_tensor(v) else v for k, v in obj.items()}))
+
+
+def shards_of(dest: Path) -> list[Path]:
+    return sorted((dest / SHARDS).glob("*.tar"))
+
+
+def _names(data: bytes) -> list[str]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        return archive.getnames()
+
+
+async def _until(condition: Any) -> None:
+    with anyio.fail_after(30):  # a hang guard, not a timing
+        while not condition():  # noqa: ASYNC110  (a condition of another thread's progress)
+            await anyio.sleep(0.01)
+
+
+def members(shard: Path) -> dict[str, bytes]:
+    with tarfile.open(shard) as archive:
+        return {m.name: archive.extractfile(m).read() for m in archive if m.isreg()}  # type: ignore[union-attr]
+
+
+async def test_dumps_are_members_named_and_filled_as_the_files_layout_would(
+    tmp_path: Path,
+) -> None:
+    objects = {f"step{i // 4}/sample{i % 4}": tiny(i) for i in range(12)}
+    async with Tracker(tmp_path / "files", serializer=pickled) as files:
+        for name, obj in objects.items():
+            await files.dump(obj, name)
+    async with Tracker(tmp_path / "shards", serializer=pickled, layout="shards") as sharded:
+        handles = [await sharded.dump(obj, name) for name, obj in objects.items()]
+        await sharded.flush(timeout=30)
+        records = [await h for h in handles]
+    (shard,) = shards_of(tmp_path / "shards")
+    packed = members(shard)
+    assert list(packed) == [f"{name}.pth" for name in objects]  # dump order, files' names
+    for name in objects:
+        assert packed[f"{name}.pth"] == (tmp_path / "files" / f"{name}.pth").read_bytes()
+    raw = shard.read_bytes()
+    for record in records:  # the record locates each member's bytes exactly
+        assert record.shard == f"{SHARDS_DIR}/{shard.name}"
+        assert record.offset is not None and record.offset % 512 == 0
+        data = raw[record.offset : record.offset + record.size]
+        assert data == packed[record.path]
+        assert record.checksum == f"crc32:{zlib.crc32(data):08x}"
+    extracted = tmp_path / "x"
+    with tarfile.open(shard) as archive:
+        archive.extractall(extracted, filter="data")
+    assert sorted(p.relative_to(extracted).as_posix() for p in extracted.rglob("*.pth")) == sorted(
+        f"{name}.pth" for name in objects
+    )
+
+
+async def test_a_shard_is_sealed_by_size(tmp_path: Path) -> None:
+    async with Tracker(tmp_path, layout="shards", shard_max_bytes=8_000, shard_max_age=600) as t:
+        for i in range(30):
+            await t.dump(tiny(i), f"d{i}")
+        await t.flush(timeout=30)
+    shards = shards_of(tmp_path)
+    assert len(shards) >= 3
+    assert sum(len(members(s)) for s in shards) == 30
+    for shard in shards[:-1]:  # sealed once full: at most one member past the limit
+        assert shard.stat().st_size < 8_000 + 4_096
+
+
+async def test_a_shard_is_sealed_by_age_without_a_flush(tmp_path: Path) -> None:
+    async with Tracker(tmp_path, layout="shards", shard_max_age=0.2) as tracker:
+        handle = await tracker.dump(tiny(1), "old")
+        with anyio.fail_after(30):  # a hang guard only: the age seal commits it
+            record = await handle
+        assert record.shard is not None
+        assert len(shards_of(tmp_path)) == 1
+
+
+async def test_flush_commits_everything_so_far_and_close_the_rest(tmp_path: Path) -> None:
+    tracker = Tracker(tmp_path, layout="shards", shard_max_age=600)
+    await tracker.start()
+    first = [await tracker.dump(tiny(i), f"a{i}") for i in range(5)]
+    assert not any(h.done() for h in first)  # in the open shard: not committed yet
+    await tracker.flush(timeout=30)
+    assert all(h.done() and h.exception() is None for h in first)
+    later = [await tracker.dump(tiny(i), f"b{i}") for i in range(5)]
+    await tracker.aclose(timeout=30)
+    assert all(h.done() and h.exception() is None for h in later)
+    assert len(shards_of(tmp_path)) == 2
+
+
+async def test_a_dump_larger_than_a_shard_gets_one_of_its_own(tmp_path: Path) -> None:
+    async with Tracker(tmp_path, layout="shards", shard_max_bytes=50_000) as tracker:
+        small = await tracker.dump(tiny(0), "small")
+        big = await tracker.dump({"x": torch.zeros(100_000)}, "big")
+        await tracker.flush(timeout=30)
+        small_record, big_record = await small, await big
+    assert small_record.shard != big_record.shard
+    assert list(members(tmp_path / big_record.shard)) == ["big.pth"]  # type: ignore[operator]
+    assert (
+        torch.load(io.BytesIO(members(tmp_path / big_record.shard)["big.pth"]))["x"].numel()
+        == 100_000
+    )  # type: ignore[operator]
+
+
+class _ShardWrites:
+    """A fault on shard commits: block until released, or fail the first *n* with *error*."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.fail = fail
+        self.release = threading.Event()
+        self.release.set()
+        self.entered = threading.Event()
+
+    def __call__(self, operation: str, path: str) -> None:
+        if operation != "write" or not is_shard_path(path):
+            return
+        self.entered.set()
+        self.release.wait(timeout=60)
+        if self.fail > 0:
+            self.fail -= 1
+            raise StorageUnavailableError("the DataNode went away")
+
+
+def _memory(fault: Any, **options: Any) -> Tracker:
+    storage = MemoryStorage("memory://shards/run", fault=fault)
+    return Tracker("memory://shards/run", storage=storage, layout="shards", **options)
+
+
+async def test_a_handle_resolves_only_once_its_shard_is_committed() -> None:
+    fault = _ShardWrites()
+    fault.release.clear()
+    async with _memory(fault, shard_max_age=600) as tracker:
+        handle = await tracker.dump(tiny(0), "waits")
+        flushing = anyio.Event()
+
+        async def flush() -> None:
+            await tracker.flush(timeout=30)
+            flushing.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(flush)
+            await anyio.to_thread.run_sync(fault.entered.wait, 30)
+            assert not handle.done()  # spooled and sealed, but not yet committed
+            fault.release.set()
+        assert flushing.is_set()
+        assert (await handle).shard is not None
+
+
+async def test_a_failed_commit_is_retried_with_the_spooled_shard() -> None:
+    fault = _ShardWrites(fail=2)
+    async with _memory(fault) as tracker:
+        handles = [await tracker.dump(tiny(i), f"r{i}") for i in range(3)]
+        await tracker.flush(timeout=60)
+        records = [await h for h in handles]
+        stats = tracker.statistics()
+    assert stats.retries == 2
+    assert len({r.shard for r in records}) == 1
+    shard = MemoryStorage("memory://shards/run")
+    data = await shard.read(records[0].shard)  # type: ignore[arg-type]
+    assert [r.path for r in records] == _names(data)
+
+
+def _picky(obj: Any, out: BinaryIO) -> None:
+    if obj.get("bad"):
+        raise TypeError("this one cannot be serialized")
+    torch.save(obj, out)
+
+
+async def test_a_dump_that_fails_to_serialize_fails_alone() -> None:
+    async with _memory(None, serializer=_picky) as tracker:
+        before = await tracker.dump(tiny(0), "before")
+        bad = await tracker.dump({"bad": True}, "bad")
+        after = await tracker.dump(tiny(2), "after")
+        with pytest.raises(SerializationError):
+            await tracker.flush(timeout=30)
+        with pytest.raises(SerializationError, match="cannot be serialized"):
+            await bad
+        first, last = await before, await after
+    assert first.shard == last.shard  # the failed member left no trace in the shard
+    data = await MemoryStorage("memory://shards/run").read(first.shard)  # type: ignore[arg-type]
+    assert _names(data) == ["before.pth", "after.pth"]
+    assert last.offset is not None
+    assert torch.load(io.BytesIO(data[last.offset : last.offset + last.size]))["i"] == 2
+
+
+async def test_a_shard_in_the_making_counts_against_the_byte_budget() -> None:
+    async with _memory(None, shard_max_age=600, max_pending_bytes=20_000, full_policy="raise") as t:
+        for i in range(5):
+            await t.dump(tiny(i), f"p{i}")
+        await _until(lambda: t.statistics().queued_items == 0)
+        stats = t.statistics()
+        assert stats.pending_items == 0  # in the spool: their item slots are free
+        assert stats.pending_bytes > 0  # their bytes count until the shard is committed
+        with pytest.raises(QueueFullError):
+            for i in range(100):
+                await t.dump(tiny(i), f"q{i}")
+        await t.flush(timeout=30)
+        assert t.statistics().pending_bytes == 0
+
+
+async def test_on_exists_error_refuses_names_this_tracker_or_the_record_has(
+    tmp_path: Path,
+) -> None:
+    async with Tracker(tmp_path, layout="shards", on_exists="error") as tracker:
+        await tracker.dump(tiny(0), "once")
+        again = await tracker.dump(tiny(1), "once")
+        with anyio.fail_after(30), pytest.raises(DumpExistsError):
+            await again
+        with pytest.raises(DumpExistsError):
+            await tracker.flush(timeout=30)
+    async with Tracker(tmp_path, layout="shards", on_exists="error") as later:
+        refused = await later.dump(tiny(2), "once")
+        fresh = await later.dump(tiny(3), "fresh")
+        with anyio.fail_after(30), pytest.raises(DumpExistsError):
+            await refused
+        with pytest.raises(DumpExistsError):
+            await later.flush(timeout=30)
+        assert (await fresh).path == "fresh.pth"
+
+
+def test_layout_options_are_checked() -> None:
+    with pytest.raises(ConfigurationError, match="layout"):
+        Tracker("memory://x", layout="zip")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="shard_max_bytes"):
+        Tracker("memory://x", layout="shards", shard_max_bytes=0)
+    with pytest.raises(ConfigurationError, match="shard_max_age"):
+        Tracker("memory://x", layout="shards", shard_max_age=0)
