@@ -31,10 +31,13 @@ from trajtrack import (  # noqa: E402  (after the Ray check)
 )
 from trajtrack.ray import _channel  # noqa: E402  (after the Ray check)
 from trajtrack.ray._channel import (  # noqa: E402  (after the Ray check)
+    MAX_ERROR_BYTES,
     ChannelBrokenError,
     ChannelClient,
     ChannelServer,
     Endpoints,
+    decode_error,
+    encode_error,
 )
 from trajtrack.ray._wire import decode, encode  # noqa: E402  (after the Ray check)
 
@@ -212,6 +215,29 @@ def test_the_actors_errors_come_back_typed_and_the_connection_goes_on(served: Se
     assert served.admitted.dumps == [(b"4", "fine", WHO)]
     assert served.server.counters.connections == 1
     assert served.server.counters.errors == 3
+
+
+@pytest.mark.parametrize(
+    "unit", ["x", '"', "\u00e9", "\U0001f600"], ids=["ascii", "quote", "e", "emoji"]
+)
+def test_a_one_megabyte_error_message_comes_back_readable(served: Served, unit: str) -> None:
+    # The reply is bounded; what is cut is the message, not its JSON encoding.
+    message = unit * (1 << 20)
+    served.admitted.fail["long"] = StorageUnavailableError(message)
+    client = served.client()
+    with pytest.raises(StorageUnavailableError) as raised:
+        client.dump(b"1", "long")
+    text = str(raised.value)
+    assert text.startswith(unit * 100)
+    assert "characters cut" in text
+    assert len(encode_error(StorageUnavailableError(message))) <= MAX_ERROR_BYTES
+    client.dump(b"2", "after")  # the channel survived the reply
+    assert served.admitted.dumps == [(b"2", "after", WHO)]
+
+
+def test_a_short_error_message_is_not_cut() -> None:
+    raw = encode_error(ValueError("small"))
+    assert str(decode_error(raw)) == "small"
 
 
 def test_a_batch_gets_one_reply_per_dump_in_order(served: Served) -> None:

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from trajtrack.rollout import (
     BatchSizeError,
     BatchTypeError,
     RolloutBatch,
+    RolloutSample,
     to_object_array,
 )
 
@@ -205,3 +208,43 @@ def test_setstate_rejects_unknown_version() -> None:
     batch = RolloutBatch.__new__(RolloutBatch)
     with pytest.raises(BatchTypeError, match="version 99"):
         batch.__setstate__({"version": 99, "batch": {}, "non_tensor_batch": {}, "meta_info": {}})
+
+
+class _ElementwiseDict(dict):  # type: ignore[type-arg]
+    """Like a TensorDict: ``==`` is element-wise, and its result has no truth value."""
+
+    def __eq__(self, other: object) -> Any:
+        return _NoTruth()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _NoTruth:
+    def __bool__(self) -> bool:
+        raise RuntimeError("Converting a tensordict to boolean value is not permitted")
+
+
+@dataclasses.dataclass
+class _DataProtoLike:
+    """verl's DataProto in the way that matters here: a dataclass holding a TensorDict."""
+
+    batch: Any
+    non_tensor_batch: dict[str, Any]
+    meta_info: dict[str, Any]
+
+
+def _sample(value: float) -> RolloutSample:
+    batch = _DataProtoLike(
+        _ElementwiseDict(obs=torch.tensor([1.0, value])),
+        {"uid": np.array(["a", "b"], dtype=object)},
+        {"step": 1},
+    )
+    return RolloutSample(full_batch=batch, sample_id="s")
+
+
+def test_rollout_sample_equality_with_a_dataproto_batch_never_raises() -> None:
+    with pytest.raises(RuntimeError):  # what a plain dataclass comparison does
+        bool(_sample(2.0).full_batch == _sample(2.0).full_batch)
+    assert _sample(2.0) == _sample(2.0)  # compared tensor by tensor instead
+    assert _sample(2.0) != _sample(3.0)
+    assert _sample(2.0) != RolloutSample(full_batch=RolloutBatch(), sample_id="s")

@@ -11,7 +11,9 @@ import torch
 import trajtrack
 from trajtrack.rollout import (
     MULTI_TURN_AGENT,
+    NO_AGENT_NAME,
     SINGLE_TURN_AGENT,
+    VERL_091_SINGLE_TURN_AGENT,
     RolloutBatch,
     prepare_single_generation_data,
 )
@@ -131,3 +133,23 @@ def test_accepts_an_already_built_batch() -> None:
     out = prepare_single_generation_data(built, dict_config(n=2))
     assert type(out) is FakeDataProto
     assert len(out) == 4
+
+
+def test_verl_091_behaviour_on_request() -> None:
+    # verl 0.9.1: "single_turn_agent" when multi-turn is off, no agent_name when it is on.
+    single = prepare_single_generation_data(
+        batch_dict(), dict_config(n=2, multi_turn=False), agent_name=VERL_091_SINGLE_TURN_AGENT
+    )
+    assert single.non_tensor_batch["agent_name"].tolist() == ["single_turn_agent"] * 4
+    multi = prepare_single_generation_data(
+        batch_dict(), dict_config(n=2, multi_turn=True), agent_name=NO_AGENT_NAME
+    )
+    assert "agent_name" not in multi.non_tensor_batch
+    assert len(multi) == 4
+    # and the seed's defaults stay what they were
+    assert (
+        prepare_single_generation_data(batch_dict(), dict_config(n=1, multi_turn=True))
+        .non_tensor_batch["agent_name"]
+        .tolist()
+        == ["async_partial_tool_agent"] * 2
+    )

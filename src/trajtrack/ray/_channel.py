@@ -160,9 +160,23 @@ class Endpoints:
 
 
 def encode_error(exc: BaseException) -> bytes:
-    """An exception as the JSON the client rebuilds it from (type name and message only)."""
-    raw = json.dumps({"type": type(exc).__name__, "message": str(exc)}).encode()
-    return raw[:MAX_ERROR_BYTES]
+    """An exception as the JSON the client rebuilds it from (type name and message only).
+
+    At most :data:`MAX_ERROR_BYTES`: a longer message is shortened (the message, never its
+    encoding -- cutting the JSON would leave a reply the client cannot read).
+    """
+    kind, message = type(exc).__name__, str(exc)
+    raw = _error_json(kind, message)
+    keep = len(message)
+    while len(raw) > MAX_ERROR_BYTES:
+        # Escapes make characters longer than one byte: shrink by the ratio, and a bit more.
+        keep = max(0, min(keep - 1, int(keep * MAX_ERROR_BYTES / len(raw) * 0.95) - 64))
+        raw = _error_json(kind, f"{message[:keep]}... ({len(message) - keep} characters cut)")
+    return raw
+
+
+def _error_json(kind: str, message: str) -> bytes:
+    return json.dumps({"type": kind[:200], "message": message}).encode()
 
 
 _BUILTIN_ERRORS = frozenset(

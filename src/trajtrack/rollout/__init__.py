@@ -29,7 +29,13 @@ from ._errors import (
     BatchTypeError,
 )
 from ._metrics import MetricsAggregator
-from ._prepare import MULTI_TURN_AGENT, SINGLE_TURN_AGENT, prepare_single_generation_data
+from ._prepare import (
+    MULTI_TURN_AGENT,
+    NO_AGENT_NAME,
+    SINGLE_TURN_AGENT,
+    VERL_091_SINGLE_TURN_AGENT,
+    prepare_single_generation_data,
+)
 from ._rules import DEFAULT_RULES, Aggregation, AggregationRules, NamePattern
 from ._safe import SAFE_GLOBALS
 from ._samples import RolloutSample, ValidateMetrics
@@ -37,8 +43,10 @@ from ._samples import RolloutSample, ValidateMetrics
 __all__ = [
     "DEFAULT_RULES",
     "MULTI_TURN_AGENT",
+    "NO_AGENT_NAME",
     "SAFE_GLOBALS",
     "SINGLE_TURN_AGENT",
+    "VERL_091_SINGLE_TURN_AGENT",
     "Aggregation",
     "AggregationRules",
     "BalanceBatchFn",

@@ -21,8 +21,11 @@ def values_equal(a: Any, b: Any) -> bool:
     """Return whether ``a`` and ``b`` hold the same data.
 
     Tensors must match in dtype, shape and values; arrays in shape, dtype kind and values
-    (object arrays element by element, recursively); mappings and sequences recursively;
-    floats compare ``NaN == NaN`` as true.
+    (object arrays element by element, recursively); mappings (also mapping-likes without
+    the ABC, such as a ``TensorDict``) and sequences recursively; batches (``DataProto``,
+    ``RolloutBatch``: ``batch``, ``non_tensor_batch``, ``meta_info``) part by part; floats
+    compare ``NaN == NaN`` as true. Never raises: a value whose ``==`` fails, or gives
+    something without a truth value, counts as different.
 
     Args:
         a: First value.
@@ -37,12 +40,33 @@ def values_equal(a: Any, b: Any) -> bool:
         return _tensors_equal(a, b)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return _arrays_equal(a, b)
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
+    if _batch_like(a) or _batch_like(b):
+        return (
+            _batch_like(a)
+            and _batch_like(b)
+            and all(values_equal(getattr(a, part), getattr(b, part)) for part in _BATCH_PARTS)
+        )
+    if _mapping_like(a) and _mapping_like(b):
+        keys = list(a.keys())
+        return set(keys) == set(b.keys()) and all(values_equal(a[k], b[k]) for k in keys)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
         same_kind = isinstance(a, list) == isinstance(b, list)
         return same_kind and len(a) == len(b) and all(map(values_equal, a, b))
     return _scalars_equal(a, b)
+
+
+_BATCH_PARTS = ("batch", "non_tensor_batch", "meta_info")
+
+
+def _batch_like(value: Any) -> bool:
+    return all(hasattr(value, part) for part in _BATCH_PARTS)
+
+
+def _mapping_like(value: Any) -> bool:
+    # TensorDict and other mapping-likes that do not register with the Mapping ABC.
+    return isinstance(value, Mapping) or (
+        hasattr(value, "keys") and hasattr(value, "__getitem__") and hasattr(value, "items")
+    )
 
 
 def _scalars_equal(a: Any, b: Any) -> bool:
@@ -50,7 +74,7 @@ def _scalars_equal(a: Any, b: Any) -> bool:
         return bool(a == b) or (math.isnan(a) and math.isnan(b))
     try:
         return bool(a == b)
-    except (TypeError, ValueError):
+    except Exception:  # an element-wise == (a TensorDict's), or one that raises: different
         return False
 
 
