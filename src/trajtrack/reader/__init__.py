@@ -7,6 +7,9 @@ Read the modules in this order::
     _compare.py    compare(): the structural walk over two objects, with a Tolerance
     _numeric.py    element-wise comparison of two tensors (the hot loop of compare)
     _diff.py       diff_runs(): two runs paired by name, compared dump by dump
+    _report.py     write_diff_report(): the diff as one self-contained HTML page
+    _plots.py      its plots (matplotlib, inline SVG; the ``report`` extra)
+    _tensor_path.py  a Difference.path back to the object, and a - b of two tensors
 
 The CLI (:mod:`trajtrack.cli`) is built on these names; so can be any other tool.
 """
@@ -15,6 +18,12 @@ from __future__ import annotations
 
 from trajtrack.reader._compare import Difference, Tolerance, compare
 from trajtrack.reader._diff import DumpComparison, RunDiff, diff_runs
+from trajtrack.reader._report import (
+    DivergentTensor,
+    load_divergent_tensor,
+    render_diff_report,
+    write_diff_report,
+)
 from trajtrack.reader._run import (
     DumpInfo,
     Run,
@@ -29,6 +38,7 @@ from trajtrack.reader._safe_load import check_loadable, load_dump_bytes
 
 __all__ = [
     "Difference",
+    "DivergentTensor",
     "DumpComparison",
     "DumpInfo",
     "Run",
@@ -41,7 +51,10 @@ __all__ = [
     "diff_runs",
     "dump_order",
     "gather_bounded",
+    "load_divergent_tensor",
     "load_dump_bytes",
     "matches",
     "open_run",
+    "render_diff_report",
+    "write_diff_report",
 ]

@@ -1,0 +1,378 @@
+"""The visual report of a diff: one self-contained HTML file (``trajtrack diff --html``).
+
+The page has the summary (counts, tolerance, first divergence), a plot of how far apart the
+runs are dump by dump, a table of the differing dumps and their differences, and a histogram
+of the element-wise differences of the first divergent tensor, which
+:func:`load_divergent_tensor` reloads (safely) from the two runs. Everything is inline: CSS in
+a ``<style>``, plots as ``<svg>`` (:mod:`trajtrack.reader._plots`), no script, and a
+Content-Security-Policy that forbids loading anything, so the file opens anywhere after a
+copy. Every string that comes from a run (dump names, keys, values, errors, URLs) is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+import os
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import numpy as np
+
+from trajtrack._exceptions import TrajtrackError
+from trajtrack.reader._compare import Difference
+from trajtrack.reader._diff import DumpComparison, RunDiff
+from trajtrack.reader._plots import DumpPoint, divergence_svg, histogram_svg, require_matplotlib
+from trajtrack.reader._run import Run
+from trajtrack.reader._tensor_path import difference_values, find_at_path
+
+__all__ = ["DivergentTensor", "load_divergent_tensor", "render_diff_report", "write_diff_report"]
+
+logger = logging.getLogger(__name__)
+
+_LABELS = {
+    "equal": "equal",
+    "different": "different",
+    "only_in_a": "only in A",
+    "only_in_b": "only in B",
+    "error": "error",
+}
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;
+margin:0 auto;max-width:1180px;padding:16px 24px}
+h1{font-size:22px;margin:4px 0}h2{font-size:17px;margin:24px 0 8px}
+code,td.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
+table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:3px 8px;
+border-bottom:1px solid #e3e3e3;vertical-align:top}th{background:#f4f4f4}
+td.num{text-align:right;white-space:nowrap}
+.verdict{display:inline-block;padding:2px 10px;border-radius:10px;font-weight:600}
+.s-equal{color:#1e8449}.s-different{color:#c0392b}.s-only_in_a{color:#2471a3}
+.s-only_in_b{color:#7d3c98}.s-error{color:#000;font-weight:700}
+.verdict.ok{background:#d5f5e3;color:#1e8449}.verdict.bad{background:#fadbd8;color:#922b21}
+.counts{display:flex;gap:10px;flex-wrap:wrap}.count{border:1px solid #ddd;border-radius:6px;
+padding:6px 14px;font-size:15px}.count b{font-size:20px;margin-right:4px}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:8px 0}
+dt{color:#666}dd{margin:0;word-break:break-all}
+svg.plot{width:100%;height:auto;display:block}svg.histogram{max-width:780px}
+.note{color:#666;font-size:13px}footer{margin-top:32px;color:#888;font-size:12px}
+"""
+
+_PAGE = string.Template("""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>$title</title>
+<style>$css</style>
+</head>
+<body>
+<header><h1>trajtrack diff</h1>
+<span class="verdict $verdict_class" id="verdict">$verdict</span></header>
+<section id="summary"><h2>Summary</h2>$summary</section>
+<section id="plot"><h2>How far apart the runs are, dump by dump</h2>$plot</section>
+<section id="histogram"><h2>First divergent tensor</h2>$histogram</section>
+<section id="differing"><h2>Differing dumps</h2>$table</section>
+<footer>Written by trajtrack $version. Every value is as the diff collected it (at most the
+per-dump limit of differences); <code>trajtrack diff --json</code> has them all.</footer>
+</body>
+</html>
+""")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DivergentTensor:
+    """The element-wise differences of one tensor that differs between the runs.
+
+    Attributes:
+        dump: The dump name.
+        path: Where in the dump (a :attr:`~trajtrack.reader.Difference.path`).
+        shape: The tensor's shape.
+        dtype: Its dtype.
+        values: ``a - b`` of the finite pairs (``|a - b|`` for complex tensors), flat, float64;
+            every *step*-th element when the tensor is large.
+        non_finite: Pairs left out because ``a - b`` is NaN or infinite.
+        step: 1, or the sampling stride of a large tensor.
+    """
+
+    dump: str
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    values: np.ndarray[Any, Any]
+    non_finite: int = 0
+    step: int = 1
+
+
+def first_divergent_value(result: RunDiff) -> tuple[DumpComparison, Difference] | None:
+    """The first dump, in dump order, with a differing tensor, and that difference."""
+    for comparison in result.comparisons:
+        if comparison.status != "different":
+            continue
+        for difference in comparison.differences:
+            if difference.kind == "value" and difference.index is not None:
+                return comparison, difference
+    return None
+
+
+async def load_divergent_tensor(
+    result: RunDiff, run_a: Run, run_b: Run, *, unsafe: bool = False
+) -> DivergentTensor | None:
+    """Reload the first divergent dump pair and compute its tensor's element-wise differences.
+
+    Args:
+        result: The diff of *run_a* and *run_b*.
+        run_a: Run A, open.
+        run_b: Run B, open.
+        unsafe: Allow a full unpickle (as for the diff itself).
+
+    Returns:
+        ``None`` when no tensor differs in value, or when its path cannot be found again.
+
+    Raises:
+        TrajtrackError: A dump cannot be read or loaded again (``OSError`` likewise).
+    """
+    found = first_divergent_value(result)
+    if found is None:
+        return None
+    comparison, difference = found
+    assert comparison.a is not None  # status "different": in both runs
+    assert comparison.b is not None
+    obj_a = await run_a.load(comparison.a, unsafe=unsafe)
+    obj_b = await run_b.load(comparison.b, unsafe=unsafe)
+    return await anyio.to_thread.run_sync(
+        _divergent, comparison.name, difference.path, obj_a, obj_b
+    )
+
+
+def _divergent(dump: str, path: str, obj_a: Any, obj_b: Any) -> DivergentTensor | None:
+    a, b = find_at_path(obj_a, path), find_at_path(obj_b, path)
+    computed = difference_values(a, b)
+    if computed is None:
+        logger.warning("%s: no tensor pair at %s to draw a histogram of", dump, path)
+        return None
+    values, non_finite, step, shape, dtype = computed
+    return DivergentTensor(dump, path, shape, dtype, values, non_finite, step)
+
+
+async def write_diff_report(
+    result: RunDiff,
+    path: str | os.PathLike[str],
+    *,
+    run_a: Run,
+    run_b: Run,
+    unsafe: bool = False,
+    max_dumps: int = 200,
+) -> None:
+    """Write the HTML report of *result* to *path* (replaced atomically).
+
+    Loading, drawing and writing run in worker threads, never on the event loop. A dump
+    that can no longer be read leaves the histogram out (the report says why).
+
+    Args:
+        result: The diff of *run_a* and *run_b*.
+        path: The HTML file to write.
+        run_a: Run A, open (to reload the first divergent dump).
+        run_b: Run B, open.
+        unsafe: Allow a full unpickle when reloading (as for the diff itself).
+        max_dumps: Differing dumps listed in the table.
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed (``trajtrack[report]``).
+        OSError: *path* cannot be written.
+    """
+    await anyio.to_thread.run_sync(require_matplotlib)  # an import reads files: not on the loop
+    note = None
+    try:
+        divergent = await load_divergent_tensor(result, run_a, run_b, unsafe=unsafe)
+    except (TrajtrackError, OSError) as exc:
+        logger.warning("diff report: cannot reload the first divergent dump: %s", exc)
+        divergent, note = None, f"The dump could not be loaded again: {exc}"
+    page = await anyio.to_thread.run_sync(
+        lambda: render_diff_report(result, divergent, max_dumps=max_dumps, note=note)
+    )
+    await anyio.to_thread.run_sync(_write_atomically, Path(path), page)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def render_diff_report(
+    result: RunDiff,
+    divergent: DivergentTensor | None = None,
+    *,
+    max_dumps: int = 200,
+    note: str | None = None,
+) -> str:
+    """The HTML page of a diff (blocking: matplotlib draws the plots).
+
+    Args:
+        result: The diff.
+        divergent: The first divergent tensor's differences, for the histogram.
+        max_dumps: Differing dumps listed in the table (the plot shows every dump).
+        note: Shown in place of the histogram when *divergent* is ``None``.
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed (``trajtrack[report]``).
+    """
+    require_matplotlib()
+    from trajtrack import __version__
+
+    first = result.first_divergence()
+    if result.equal:
+        verdict, verdict_class = "equal within tolerance (exit 0)", "ok"
+    else:
+        verdict, verdict_class = f"the runs differ (exit {result.exit_code})", "bad"
+    return _PAGE.substitute(
+        title=_e(f"trajtrack diff: {result.url_a} vs {result.url_b}"),
+        css=_CSS,
+        verdict=_e(verdict),
+        verdict_class=verdict_class,
+        summary=_summary(result, first),
+        plot=_plot(result, first),
+        histogram=_histogram(result, divergent, note),
+        table=_table(result, max_dumps),
+        version=_e(__version__),
+    )
+
+
+def _summary(result: RunDiff, first: DumpComparison | None) -> str:
+    counts = result.counts()
+    boxes = "".join(
+        f'<span class="count s-{status}"><b id="count-{status}">{counts[status]}</b> '
+        f"{_LABELS[status]}</span>"
+        for status in _LABELS
+    )
+    tol = result.tolerance
+    nan = "NaN == NaN" if tol.equal_nan else "NaN != NaN"
+    items = [
+        ("A", f"<code>{_e(result.url_a)}</code>"),
+        ("B", f"<code>{_e(result.url_b)}</code>"),
+        ("tolerance", f"<code>|a-b| &lt;= {tol.atol:g} + {tol.rtol:g}*|b|</code>, {nan}"),
+        ("dumps", str(len(result.comparisons))),
+    ]
+    if first is None:
+        items.append(("first divergence", "none"))
+    else:
+        where = f' class="s-{first.status}"'
+        text = f'<strong{where} id="first-divergence">{_e(first.name)}</strong>'
+        text += f" ({_LABELS[first.status]})"
+        if first.differences:
+            text += f"<br><code>{_e(_difference_text(first.differences[0]))}</code>"
+        elif first.error:
+            text += f"<br><code>{_e(first.error)}</code>"
+        items.append(("first divergence", text))
+    listing = "".join(f"<dt>{key}</dt><dd>{value}</dd>" for key, value in items)
+    return f'<div class="counts">{boxes}</div><dl>{listing}</dl>'
+
+
+def _plot(result: RunDiff, first: DumpComparison | None) -> str:
+    points = [DumpPoint(c.name, c.status, *_magnitude(c.differences)) for c in result.comparisons]
+    index = None if first is None else result.comparisons.index(first)
+    if not points:
+        return '<p class="note">Neither run has any dump.</p>'
+    caption = (
+        "Each dump of either run, in dump order (commit time relative to the run's first dump, "
+        "then name). Differing dumps are shaded; equal ones are ticks along the bottom; dumps "
+        "in one run only, errors and differences without a magnitude are marked along the top."
+    )
+    return divergence_svg(points, index) + f'<p class="note">{caption}</p>'
+
+
+def _magnitude(differences: tuple[Difference, ...]) -> tuple[float | None, float | None]:
+    abs_values = [d.max_abs for d in differences if d.max_abs is not None]
+    rel_values = [d.max_rel for d in differences if d.max_rel is not None]
+    return (max(abs_values, default=None), max(rel_values, default=None))
+
+
+def _histogram(result: RunDiff, divergent: DivergentTensor | None, note: str | None) -> str:
+    if divergent is None:
+        if note is not None:
+            return f'<p class="note">{_e(note)}</p>'
+        if first_divergent_value(result) is None:
+            return '<p class="note">No tensor differs in value.</p>'
+        return '<p class="note">The differing tensor could not be found again.</p>'
+    total = math.prod(divergent.shape)
+    title = (
+        f"{divergent.dump} {divergent.path or '<root>'}: {divergent.dtype} "
+        f"{list(divergent.shape)}, a - b of {total} elements"
+    )
+    notes = []
+    if divergent.step > 1:
+        notes.append(f"every {divergent.step}th element drawn ({divergent.values.size} of {total})")
+    if divergent.non_finite:
+        notes.append(f"{divergent.non_finite} NaN or infinite differences left out")
+    svg = histogram_svg(divergent.values, title)
+    extra = f'<p class="note">{_e("; ".join(notes))}</p>' if notes else ""
+    return svg + extra
+
+
+def _table(result: RunDiff, max_dumps: int) -> str:
+    shown = [c for c in result.comparisons if c.status != "equal"]
+    if not shown:
+        return '<p class="note">None: every dump is equal within tolerance.</p>'
+    hidden = max(0, len(shown) - max_dumps)
+    head = (
+        "<tr><th>dump</th><th>status</th><th>key</th><th>what differs</th>"
+        "<th>elements differing</th><th>max abs</th><th>max rel</th><th>first index</th>"
+        "<th>A</th><th>B</th></tr>"
+    )
+    rows = [_rows(c) for c in shown[:max_dumps]]
+    more = f'<p class="note">... {hidden} more differing dumps not listed.</p>' if hidden else ""
+    return f'<table id="differing-dumps">{head}{"".join(rows)}</table>{more}'
+
+
+def _rows(c: DumpComparison) -> str:
+    status = f'<td class="s-{c.status}">{_LABELS[c.status]}</td>'
+    name = f'<td class="mono">{_e(c.name)}</td>'
+    if not c.differences:
+        detail = c.error or {"only_in_a": "only in run A", "only_in_b": "only in run B"}.get(
+            c.status, ""
+        )
+        return f'<tr class="dump">{name}{status}<td colspan="8">{_e(detail)}</td></tr>'
+    cells = []
+    for i, d in enumerate(c.differences):
+        lead = f"{name}{status}" if i == 0 else "<td></td><td></td>"
+        counted = f"{d.mismatched} of {d.total}" if d.mismatched is not None else ""
+        index = str(list(d.index)) if d.index is not None else ""
+        cells.append(
+            f'<tr class="{"dump" if i == 0 else "more"}">{lead}'
+            f'<td class="mono">{_e(d.path or "<root>")}</td><td>{_e(_what(d))}</td>'
+            f'<td class="num">{counted}</td><td class="num">{_number(d.max_abs)}</td>'
+            f'<td class="num">{_number(d.max_rel)}</td><td class="mono">{index}</td>'
+            f'<td class="mono">{_e(d.a or "")}</td><td class="mono">{_e(d.b or "")}</td></tr>'
+        )
+    return "".join(cells)
+
+
+def _what(d: Difference) -> str:
+    """The kind of difference, with the shapes or dtypes when those differ."""
+    if d.kind in ("shape", "dtype", "length", "type"):
+        return d.detail
+    return {"missing": "key only in A", "extra": "key only in B"}.get(d.kind, "values")
+
+
+def _difference_text(d: Difference) -> str:
+    text = f"{d.path or '<root>'}: {d.detail}"
+    if d.index is not None:
+        text += f"; first at index {list(d.index)}: A={d.a} B={d.b}"
+    return text
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else _e(f"{value:.4g}")
+
+
+def _e(text: str) -> str:
+    return html.escape(text, quote=True)
