@@ -100,7 +100,7 @@ def add_parser(commands: Any) -> None:
 
 async def run(args: argparse.Namespace, streams: Streams) -> int:
     tolerance = Tolerance(rtol=args.rtol, atol=args.atol, equal_nan=not args.nan_unequal)
-    if args.html:  # before a long diff, not after it (an import reads files: off the loop)
+    if args.html:  # fail before a long diff, not after it (a file system look-up: off the loop)
         await anyio.to_thread.run_sync(require_matplotlib)
     update, close = progress_callback(streams, "diff", quiet=args.quiet)
     async with (

@@ -11,6 +11,7 @@ loop run it in a worker thread.
 from __future__ import annotations
 
 import html
+import importlib.util
 import io
 import math
 import re
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["DumpPoint", "divergence_svg", "histogram_svg", "require_matplotlib"]
+__all__ = ["DumpPoint", "divergence_svg", "histogram_svg", "load_matplotlib", "require_matplotlib"]
 
 INSTALL_HINT = "the HTML report needs matplotlib: pip install 'trajtrack[report]'"
 
@@ -40,6 +41,7 @@ _NO_METADATA = {"Date": None, "Creator": None, "Format": None, "Type": None}
 _SAVE_LOCK = threading.Lock()
 _MAX_NAMED_TICKS = 40  # up to this many dumps, the x axis is labelled with their names
 _NAME_CHARS = 32
+_GLYPHS = {"o": "\u25cf", "^": "\u25b2", "<": "\u25c0", ">": "\u25b6", "s": "\u25a0", "X": "\u2716"}
 _COLORS = {
     "abs": "#c0392b",
     "rel": "#e67e22",
@@ -70,39 +72,58 @@ class DumpPoint:
 
 
 def require_matplotlib() -> None:
-    """Fail with the install hint when matplotlib is missing.
+    """Fail fast, with the install hint, when matplotlib is not installed (no import).
+
+    Raises:
+        MissingDependencyError: matplotlib cannot be found.
+    """
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):  # a parent package missing, or a module set to None
+        found = False
+    if not found:
+        raise MissingDependencyError(INSTALL_HINT)
+
+
+def load_matplotlib() -> None:
+    """Import what the plots use (blocking: about half a second the first time).
 
     Raises:
         MissingDependencyError: matplotlib cannot be imported.
     """
     try:
-        import matplotlib  # noqa: F401  (only whether it imports)
+        import matplotlib.backends.backend_svg
+        import matplotlib.figure  # noqa: F401  (imported for later use)
     except ImportError as exc:
         raise MissingDependencyError(INSTALL_HINT) from exc
 
 
-def divergence_svg(points: Sequence[DumpPoint], first: int | None) -> str:
+def divergence_svg(
+    points: Sequence[DumpPoint], first: int | None
+) -> tuple[str, list[tuple[str, str, str]]]:
     """How far apart two runs are, dump by dump: max abs / max rel difference on a log scale.
 
     Args:
         points: The dumps, in dump order.
         first: Index in *points* of the first divergence (marked), if any.
+
+    Returns:
+        The SVG, and its legend: ``(symbol, color, label)`` for each kind of mark drawn.
     """
-    figure, ax = _figure(11.0, 4.6 if len(points) <= _MAX_NAMED_TICKS else 3.8)
+    named = 0 < len(points) <= _MAX_NAMED_TICKS
+    longest = max((len(_short(p.name)) for p in points), default=0) if named else 0
+    # Fixed margins in inches (a layout engine would draw the figure twice): room for the
+    # y labels and, below, for the rotated dump names when shown. The legend is the page's
+    # (HTML): matplotlib's costs as much as a plot of a few hundred points.
+    bottom = 0.55 + 0.055 * longest if named else 0.6
+    figure, ax = _figure(11.0, 3.0 + bottom, margins=(0.8, 0.25, bottom, 0.35))
     x = np.arange(len(points))
     by_status: dict[str, list[int]] = {}
     for i, point in enumerate(points):
         by_status.setdefault(point.status, []).append(i)
     differing = by_status.get("different", [])
-    if differing:  # the highlight: one LineCollection, however many dumps differ
-        ax.vlines(
-            differing,
-            0,
-            1,
-            transform=ax.get_xaxis_transform(),
-            colors=_COLORS["highlight"],
-            label=f"different ({len(differing)})",
-        )
+    if differing:
+        _ticks(ax, differing, 1.0, _COLORS["highlight"], f"different ({len(differing)})")
     plotted = _magnitudes(ax, points, x)
     _markers(ax, points, by_status)
     if first is not None:
@@ -123,9 +144,12 @@ def divergence_svg(points: Sequence[DumpPoint], first: int | None) -> str:
     ax.set_xlim(-0.5, max(len(points), 1) - 0.5)
     _x_axis(ax, points)
     ax.set_ylabel("difference (log scale)" if plotted else "")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    return _svg(figure, "difference between the runs, dump by dump", "divergence")
+    handles, labels = ax.get_legend_handles_labels()
+    legend = [
+        (_GLYPHS.get(str(h.get_marker()), "|"), str(h.get_color()), label)  # type: ignore[attr-defined]
+        for h, label in zip(handles, labels, strict=True)
+    ]
+    return _svg(figure, "difference between the runs, dump by dump", "divergence"), legend
 
 
 def _magnitudes(ax: Axes, points: Sequence[DumpPoint], x: np.ndarray[Any, Any]) -> bool:
@@ -149,8 +173,7 @@ def _magnitudes(ax: Axes, points: Sequence[DumpPoint], x: np.ndarray[Any, Any]) 
             label=label,
         )
     if plotted:
-        ax.set_yscale("log")
-        ax.grid(True, axis="y", which="major", color="#e5e5e5", linewidth=0.6)
+        _log_axis(ax)
     return plotted
 
 
@@ -162,8 +185,10 @@ def _markers(ax: Axes, points: Sequence[DumpPoint], by_status: dict[str, list[in
         for i in by_status.get("different", [])
         if math.isnan(_positive(points[i].max_abs)) and math.isnan(_positive(points[i].max_rel))
     ]
+    equal = by_status.get("equal", [])
+    if equal:
+        _ticks(ax, equal, 0.04, _COLORS["equal"], f"equal ({len(equal)})")
     for key, indices, y, marker, label in (
-        ("equal", by_status.get("equal", []), 0.02, "|", "equal"),
         ("structural", structural, 0.93, "s", "different (no numeric magnitude)"),
         ("only_in_a", by_status.get("only_in_a", []), 0.93, "<", "only in A"),
         ("only_in_b", by_status.get("only_in_b", []), 0.93, ">", "only in B"),
@@ -183,6 +208,38 @@ def _markers(ax: Axes, points: Sequence[DumpPoint], by_status: dict[str, list[in
             )
 
 
+def _ticks(ax: Axes, indices: Sequence[int], height: float, color: str, label: str) -> None:
+    """Vertical strokes from the bottom at *indices* (up to *height*, in axes fractions).
+
+    One path with NaN breaks, however many dumps: a marker or a line per dump would be an SVG
+    element each (measured: the per-element cost dominated the report of 1,000 dumps).
+    """
+    xs = np.repeat(np.asarray(indices, dtype=float), 3)
+    xs[2::3] = np.nan
+    ys = np.tile([0.0, height, np.nan], len(indices))
+    ax.plot(xs, ys, transform=ax.get_xaxis_transform(), color=color, linewidth=1.2, label=label)
+
+
+def _log_axis(ax: Axes) -> None:
+    """A log y axis with plain-text labels (mathtext ones are parsed at every draw: slow)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, numticks=8))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(_power_of_ten))
+    ax.grid(True, axis="y", which="major", color="#e5e5e5", linewidth=0.6)
+
+
+def _power_of_ten(value: float, _position: Any = None) -> str:
+    if value <= 0 or not math.isfinite(value):
+        return ""
+    exponent = round(math.log10(value))
+    if math.isclose(value, 10.0**exponent, rel_tol=1e-9):
+        return {0: "1", 1: "10", 2: "100"}.get(exponent, f"1e{exponent}")
+    return f"{value:g}"
+
+
 def _x_axis(ax: Axes, points: Sequence[DumpPoint]) -> None:
     if 0 < len(points) <= _MAX_NAMED_TICKS:
         labels = [_short(p.name) for p in points]
@@ -191,7 +248,7 @@ def _x_axis(ax: Axes, points: Sequence[DumpPoint]) -> None:
     else:
         from matplotlib.ticker import MaxNLocator
 
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
         ax.set_xlabel("dump number, in dump order (commit time, then name)")
 
 
@@ -203,26 +260,35 @@ def histogram_svg(values: np.ndarray[Any, Any], title: str, *, xlabel: str = "a 
         title: The plot's title (plain text, shown as is).
         xlabel: The quantity on the x axis.
     """
-    figure, ax = _figure(7.5, 3.0)
+    figure, ax = _figure(7.5, 3.0, margins=(0.75, 0.2, 0.55, 0.35))
     flat = np.asarray(values, dtype=np.float64).reshape(-1)
     if flat.size:
         counts, edges = np.histogram(flat, bins=60)
         ax.stairs(counts, edges, fill=True, color=_COLORS["abs"], alpha=0.8)
-        ax.set_yscale("log")
+        _log_axis(ax)
         ax.set_ylim(0.5, max(1.0, float(counts.max())) * 2)
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
     else:
         ax.text(0.5, 0.5, "no finite differences", transform=ax.transAxes, ha="center")
     ax.set_title(title, fontsize=9, loc="left", parse_math=False)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("elements (log scale)")
-    ax.grid(True, axis="y", color="#e5e5e5", linewidth=0.6)
     return _svg(figure, title, "histogram")
 
 
-def _figure(width: float, height: float) -> tuple[Figure, Axes]:
+def _figure(
+    width: float, height: float, *, margins: tuple[float, float, float, float]
+) -> tuple[Figure, Axes]:
+    """A figure with one axes; *margins* (left, right, bottom, top) in inches."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    figure = Figure(figsize=(width, height), dpi=100)
+    left, right, bottom, top = margins
+    figure.subplots_adjust(
+        left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height
+    )
     ax = figure.add_subplot()
     ax.spines[["top", "right"]].set_visible(False)
     return figure, ax

@@ -26,7 +26,7 @@ import numpy as np
 from trajtrack._exceptions import TrajtrackError
 from trajtrack.reader._compare import Difference
 from trajtrack.reader._diff import DumpComparison, RunDiff
-from trajtrack.reader._plots import DumpPoint, divergence_svg, histogram_svg, require_matplotlib
+from trajtrack.reader._plots import DumpPoint, divergence_svg, histogram_svg, load_matplotlib
 from trajtrack.reader._run import Run
 from trajtrack.reader._tensor_path import difference_values, find_at_path
 
@@ -58,7 +58,9 @@ td.num{text-align:right;white-space:nowrap}
 padding:6px 14px;font-size:15px}.count b{font-size:20px;margin-right:4px}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:8px 0}
 dt{color:#666}dd{margin:0;word-break:break-all}
-svg.plot{width:100%;height:auto;display:block}svg.histogram{max-width:780px}
+svg.plot{width:100%;height:auto;display:block}
+ul.legend{list-style:none;display:flex;flex-wrap:wrap;gap:4px 18px;padding:0;margin:4px 0 0 60px;
+font-size:13px}.mark{font-weight:700}svg.histogram{max-width:780px}
 .note{color:#666;font-size:13px}footer{margin-top:32px;color:#888;font-size:12px}
 """
 
@@ -186,7 +188,7 @@ async def write_diff_report(
         MissingDependencyError: matplotlib is not installed (``trajtrack[report]``).
         OSError: *path* cannot be written.
     """
-    await anyio.to_thread.run_sync(require_matplotlib)  # an import reads files: not on the loop
+    await anyio.to_thread.run_sync(load_matplotlib)  # an import reads files: not on the loop
     note = None
     try:
         divergent = await load_divergent_tensor(result, run_a, run_b, unsafe=unsafe)
@@ -226,7 +228,7 @@ def render_diff_report(
     Raises:
         MissingDependencyError: matplotlib is not installed (``trajtrack[report]``).
     """
-    require_matplotlib()
+    load_matplotlib()
     from trajtrack import __version__
 
     first = result.first_divergence()
@@ -287,7 +289,12 @@ def _plot(result: RunDiff, first: DumpComparison | None) -> str:
         "then name). Differing dumps are shaded; equal ones are ticks along the bottom; dumps "
         "in one run only, errors and differences without a magnitude are marked along the top."
     )
-    return divergence_svg(points, index) + f'<p class="note">{caption}</p>'
+    svg, legend = divergence_svg(points, index)
+    keys = "".join(
+        f'<li><span class="mark" style="color:{_e(color)}">{_e(glyph)}</span> {_e(label)}</li>'
+        for glyph, color, label in legend
+    )
+    return f'{svg}<ul class="legend" id="legend">{keys}</ul><p class="note">{caption}</p>'
 
 
 def _magnitude(differences: tuple[Difference, ...]) -> tuple[float | None, float | None]:

@@ -1,0 +1,198 @@
+"""Benchmark: what ``trajtrack diff --html`` costs on top of the diff itself.
+
+Two local runs of N dumps (default 1,000; ``--quick``: 100) of ~1 MB each are written with a
+real Tracker; run B differs from run A in one element of every 20th dump, and each run has
+two dumps the other lacks. Then, in one process, with a warm page cache and the runs open:
+
+* diff: ``diff_runs`` alone;
+* diff + report: ``diff_runs`` and then ``write_diff_report`` (plot of every dump, the table,
+  the histogram of the first divergent tensor reloaded from both runs);
+
+alternated, best of ``--repeat`` each (and the median), so both see the same machine. The
+first report of the process is timed separately: it pays matplotlib's import (what one
+``trajtrack diff --html`` command pays once), which the steady-state figures do not. Last,
+the whole command as a user runs it, ``trajtrack diff A B`` against
+``trajtrack diff A B --html FILE`` (new processes, best of ``--repeat``, alternated).
+
+Prints a table and writes ``benchmarks/results/report.json``. The goal: the report costs at
+most 10% on top of the diff (best report time / best diff time, in the same process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+
+import trajtrack
+from trajtrack.reader import diff_runs, write_diff_report
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._common import RESULTS, machine
+
+GOAL = 0.10  # the report may add at most 10% to the diff's time
+EVERY = 20  # one dump in EVERY differs
+
+
+async def write_run(dest: Path, dumps: int, size: int, *, b: bool) -> None:
+    elements = size // 4
+    async with trajtrack.Tracker(str(dest), workers=4) as tracker:
+        for i in range(dumps):
+            x = torch.randn(elements, generator=torch.Generator().manual_seed(i))
+            if b and i % EVERY == EVERY // 2:
+                x[i % elements] += 1e-3 * (1 + i)  # magnitudes that grow along the run
+            await tracker.dump({"x": x, "step": i}, f"step{i // 10:04d}/d{i}")
+        for j in range(2):  # dumps in one run only
+            await tracker.dump({"x": torch.zeros(4)}, f"only_{'b' if b else 'a'}/{j}")
+
+
+async def measure(a: Path, b: Path, out: Path, *, report: bool) -> tuple[float, float, Any]:
+    """(seconds for the diff, seconds for the report, the diff) with both runs open."""
+    async with trajtrack.open_run(a) as run_a, trajtrack.open_run(b) as run_b:
+        await run_a.scan()  # listing outside the timing: the same for both variants
+        await run_b.scan()
+        started = time.perf_counter()
+        result = await diff_runs(run_a, run_b)
+        diffed = time.perf_counter()
+        if report:
+            await write_diff_report(result, out, run_a=run_a, run_b=run_b)
+        return diffed - started, time.perf_counter() - diffed, result
+
+
+def cli_seconds(a: Path, b: Path, out: Path, repeat: int) -> tuple[float, float]:
+    """Best of *repeat* ``trajtrack diff A B`` and ``... --html FILE`` commands, alternated."""
+    base = [sys.executable, "-m", "trajtrack", "diff", str(a), str(b), "-q"]
+    plain: list[float] = []
+    html: list[float] = []
+    for _ in range(repeat):
+        for argv, samples in ((base, plain), ([*base, "--html", str(out)], html)):
+            started = time.perf_counter()
+            done = subprocess.run(argv, capture_output=True, check=False)
+            samples.append(time.perf_counter() - started)
+            assert done.returncode == 1, done.stderr  # the runs differ
+    return min(plain), min(html)
+
+
+def import_seconds() -> float:
+    """matplotlib's import as the report does it, in a fresh interpreter (best of 3)."""
+    code = (
+        "import time; t = time.perf_counter(); "
+        "import matplotlib.figure, matplotlib.backends.backend_svg; "
+        "print(time.perf_counter() - t)"
+    )
+    runs = [
+        float(
+            subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        for _ in range(3)
+    ]
+    return min(runs)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100 dumps instead of 1,000")
+    parser.add_argument("--dumps", type=int, default=None)
+    parser.add_argument("--size-mb", type=float, default=1.0)
+    parser.add_argument("--repeat", type=int, default=5, help="best of N for each variant")
+    parser.add_argument("--dir", default=None, help="where to write the runs (default: tmp)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # as the trajtrack CLI does
+    dumps = args.dumps or (100 if args.quick else 1000)
+    size = int(args.size_mb * (1 << 20))
+    work = Path(tempfile.mkdtemp(prefix="bench-report-", dir=args.dir))
+    try:
+        a, b, out = work / "a", work / "b", work / "report.html"
+        anyio.run(lambda: write_run(a, dumps, size, b=False))
+        anyio.run(lambda: write_run(b, dumps, size, b=True))
+        anyio.run(lambda: measure(a, b, out, report=False))  # warm the page cache
+        first_diff, first_report, _ = anyio.run(lambda: measure(a, b, out, report=True))
+        diff_only: list[float] = []
+        with_report: list[tuple[float, float]] = []
+        for _ in range(args.repeat):  # alternated: both variants see the same machine
+            diff_only.append(anyio.run(lambda: measure(a, b, out, report=False))[0])
+            t_diff, t_report, result = anyio.run(lambda: measure(a, b, out, report=True))
+            with_report.append((t_diff, t_report))
+        html_bytes = out.stat().st_size
+        cli_plain, cli_html = cli_seconds(a, b, out, args.repeat)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    t_diff = min(diff_only)
+    t_both = min(d + r for d, r in with_report)
+    t_report = min(r for _, r in with_report)
+    median_diff = statistics.median(diff_only)
+    median_both = statistics.median(d + r for d, r in with_report)
+    # The goal's figure: the report's own time against the diff's, each the best of its
+    # samples (the sum's best also carries the diff's noise; shown too, with the medians).
+    overhead = t_report / t_diff
+    combined = t_both / t_diff - 1
+    median_overhead = median_both / median_diff - 1
+    imported = import_seconds()
+    counts = result.counts()
+    rows = {
+        "diff_runs alone": t_diff,
+        "diff_runs + write_diff_report": t_both,
+        "write_diff_report alone (in the above)": t_report,
+        "first report of the process (+ import)": first_report,
+        "matplotlib import, fresh interpreter": imported,
+        "CLI: trajtrack diff A B": cli_plain,
+        "CLI: trajtrack diff A B --html FILE": cli_html,
+    }
+    print(
+        f"report benchmark: 2 runs x {dumps} dumps x {size / 1e6:.2f} MB, {counts['different']} "
+        f"different, {counts['only_in_a']}+{counts['only_in_b']} in one run only; warm page "
+        f"cache; best of {args.repeat} (alternated)"
+    )
+    print(f"{'measurement':<42} {'seconds':>9} {'vs diff':>8}")
+    for name, seconds in rows.items():
+        print(f"{name:<42} {seconds:9.3f} {seconds / t_diff:8.1%}")
+    verdict = "met" if overhead <= GOAL else "MISSED"
+    print(
+        f"report on top of the diff: {overhead:+.1%} (goal <= +{GOAL:.0%}: {verdict}); "
+        f"diff + report vs diff: {combined:+.1%} best, {median_overhead:+.1%} median; "
+        f"HTML {html_bytes / 1024:.0f} KiB"
+    )
+    print(
+        f"whole command (process start, imports, diff, report): --html adds "
+        f"{cli_html / cli_plain - 1:+.1%} ({cli_html - cli_plain:+.3f} s)"
+    )
+    report = {
+        "machine": machine(),
+        "dumps_per_run": dumps,
+        "dump_bytes": size,
+        "counts": counts,
+        "repeat": args.repeat,
+        "page_cache": "warm (every file read once before measuring)",
+        "seconds": rows,
+        "diff_only_samples": diff_only,
+        "with_report_samples": with_report,
+        "first_diff_seconds": first_diff,
+        "overhead": overhead,
+        "overhead_best_of_sums": combined,
+        "cli_overhead": cli_html / cli_plain - 1,
+        "overhead_median": median_overhead,
+        "goal": GOAL,
+        "met": overhead <= GOAL,
+        "html_bytes": html_bytes,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / ("report-quick.json" if args.quick else "report.json")
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
