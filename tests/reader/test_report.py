@@ -247,6 +247,7 @@ async def test_table_rows_are_limited(tmp_path: Path) -> None:
     page = render_diff_report(result, max_dumps=5)
     assert page.count('<tr class="dump">') == 5
     assert "... 7 more differing dumps not listed." in page
+    assert "Not drawn: the dumps were not reloaded" in page  # no DivergentTensor given
     assert 'id="count-different">12</b>' in page and "different (12)" in page  # all plotted
 
 

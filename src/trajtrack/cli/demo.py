@@ -151,9 +151,11 @@ async def _diff(url_a: str, url_b: str, streams: Streams, report: Path) -> tuple
 
 def _report_path(base: str) -> Path:
     """``DIR/diff-report.html`` for a local DIR; in the current directory for other storages."""
-    if scheme_of(base) == "file":
-        return LocalStorage(base).root / "diff-report.html"  # its parsing of paths and file://
-    return Path("trajtrack-demo-diff-report.html")
+    if scheme_of(base) != "file":
+        return Path("trajtrack-demo-diff-report.html")
+    if base.startswith("file://"):
+        return LocalStorage(base).root / "diff-report.html"  # its parsing of file:// URLs
+    return Path(base).expanduser() / "diff-report.html"
 
 
 def _try_next(streams: Streams, base: str, url_a: str, url_b: str, target: str) -> None:

@@ -195,6 +195,9 @@ async def write_diff_report(
     except (TrajtrackError, OSError) as exc:
         logger.warning("diff report: cannot reload the first divergent dump: %s", exc)
         divergent, note = None, f"The dump could not be loaded again: {exc}"
+    else:
+        if divergent is None and first_divergent_value(result) is not None:
+            note = "The differing tensor was not found again in the reloaded dumps."
     page = await anyio.to_thread.run_sync(
         lambda: render_diff_report(result, divergent, max_dumps=max_dumps, note=note)
     )
@@ -309,7 +312,10 @@ def _histogram(result: RunDiff, divergent: DivergentTensor | None, note: str | N
             return f'<p class="note">{_e(note)}</p>'
         if first_divergent_value(result) is None:
             return '<p class="note">No tensor differs in value.</p>'
-        return '<p class="note">The differing tensor could not be found again.</p>'
+        return (
+            '<p class="note">Not drawn: the dumps were not reloaded (write_diff_report and '
+            "<code>trajtrack diff --html</code> do).</p>"
+        )
     total = math.prod(divergent.shape)
     title = (
         f"{divergent.dump} {divergent.path or '<root>'}: {divergent.dtype} "
