@@ -101,6 +101,91 @@ def import_seconds() -> float:
     return min(runs)
 
 
+def measure_all(dumps: int, size: int, repeat: int, scratch: str | None) -> dict[str, Any]:
+    """Write the two runs, take every measurement, remove the runs."""
+    work = Path(tempfile.mkdtemp(prefix="bench-report-", dir=scratch))
+    try:
+        a, b, out = work / "a", work / "b", work / "report.html"
+        anyio.run(lambda: write_run(a, dumps, size, b=False))
+        anyio.run(lambda: write_run(b, dumps, size, b=True))
+        anyio.run(lambda: measure(a, b, out, report=False))  # warm the page cache
+        first_diff, first_report, _ = anyio.run(lambda: measure(a, b, out, report=True))
+        diff_only: list[float] = []
+        with_report: list[tuple[float, float]] = []
+        for _ in range(repeat):  # alternated: both variants see the same machine
+            diff_only.append(anyio.run(lambda: measure(a, b, out, report=False))[0])
+            t_diff, t_report, result = anyio.run(lambda: measure(a, b, out, report=True))
+            with_report.append((t_diff, t_report))
+        html_bytes = out.stat().st_size
+        cli_plain, cli_html = cli_seconds(a, b, out, repeat)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "counts": result.counts(),
+        "diff_only_samples": diff_only,
+        "with_report_samples": with_report,
+        "first_diff_seconds": first_diff,
+        "first_report_seconds": first_report,
+        "html_bytes": html_bytes,
+        "cli": (cli_plain, cli_html),
+    }
+
+
+def figures(raw: dict[str, Any]) -> dict[str, Any]:
+    """The table's rows and the ratios, from the samples."""
+    diff_only, with_report = raw["diff_only_samples"], raw["with_report_samples"]
+    t_diff = min(diff_only)
+    t_both = min(d + r for d, r in with_report)
+    t_report = min(r for _, r in with_report)
+    median_both = statistics.median(d + r for d, r in with_report)
+    cli_plain, cli_html = raw["cli"]
+    # The goal's figure: the report's own time against the diff's, each the best of its
+    # samples (the sum's best also carries the diff's noise; shown too, with the medians).
+    overhead = t_report / t_diff
+    return {
+        "seconds": {
+            "diff_runs alone": t_diff,
+            "diff_runs + write_diff_report": t_both,
+            "write_diff_report alone (in the above)": t_report,
+            "first report of the process (+ import)": raw["first_report_seconds"],
+            "matplotlib import, fresh interpreter": import_seconds(),
+            "CLI: trajtrack diff A B": cli_plain,
+            "CLI: trajtrack diff A B --html FILE": cli_html,
+        },
+        "overhead": overhead,
+        "overhead_best_of_sums": t_both / t_diff - 1,
+        "overhead_median": median_both / statistics.median(diff_only) - 1,
+        "cli_overhead": cli_html / cli_plain - 1,
+        "cli_added_seconds": cli_html - cli_plain,
+        "goal": GOAL,
+        "met": overhead <= GOAL,
+    }
+
+
+def print_table(report: dict[str, Any]) -> None:
+    counts, rows = report["counts"], report["seconds"]
+    print(
+        f"report benchmark: 2 runs x {report['dumps_per_run']} dumps x "
+        f"{report['dump_bytes'] / 1e6:.2f} MB, {counts['different']} different, "
+        f"{counts['only_in_a']}+{counts['only_in_b']} in one run only; warm page cache; "
+        f"best of {report['repeat']} (alternated)"
+    )
+    t_diff = rows["diff_runs alone"]
+    print(f"{'measurement':<42} {'seconds':>9} {'vs diff':>8}")
+    for name, seconds in rows.items():
+        print(f"{name:<42} {seconds:9.3f} {seconds / t_diff:8.1%}")
+    verdict = "met" if report["met"] else "MISSED"
+    print(
+        f"report on top of the diff: {report['overhead']:+.1%} (goal <= +{GOAL:.0%}: "
+        f"{verdict}); diff + report vs diff: {report['overhead_best_of_sums']:+.1%} best, "
+        f"{report['overhead_median']:+.1%} median; HTML {report['html_bytes'] / 1024:.0f} KiB"
+    )
+    print(
+        f"whole command (process start, imports, diff, report): --html adds "
+        f"{report['cli_overhead']:+.1%} ({report['cli_added_seconds']:+.3f} s)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 dumps instead of 1,000")
@@ -112,81 +197,17 @@ def main() -> int:
     torch.set_num_threads(1)  # as the trajtrack CLI does
     dumps = args.dumps or (100 if args.quick else 1000)
     size = int(args.size_mb * (1 << 20))
-    work = Path(tempfile.mkdtemp(prefix="bench-report-", dir=args.dir))
-    try:
-        a, b, out = work / "a", work / "b", work / "report.html"
-        anyio.run(lambda: write_run(a, dumps, size, b=False))
-        anyio.run(lambda: write_run(b, dumps, size, b=True))
-        anyio.run(lambda: measure(a, b, out, report=False))  # warm the page cache
-        first_diff, first_report, _ = anyio.run(lambda: measure(a, b, out, report=True))
-        diff_only: list[float] = []
-        with_report: list[tuple[float, float]] = []
-        for _ in range(args.repeat):  # alternated: both variants see the same machine
-            diff_only.append(anyio.run(lambda: measure(a, b, out, report=False))[0])
-            t_diff, t_report, result = anyio.run(lambda: measure(a, b, out, report=True))
-            with_report.append((t_diff, t_report))
-        html_bytes = out.stat().st_size
-        cli_plain, cli_html = cli_seconds(a, b, out, args.repeat)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    t_diff = min(diff_only)
-    t_both = min(d + r for d, r in with_report)
-    t_report = min(r for _, r in with_report)
-    median_diff = statistics.median(diff_only)
-    median_both = statistics.median(d + r for d, r in with_report)
-    # The goal's figure: the report's own time against the diff's, each the best of its
-    # samples (the sum's best also carries the diff's noise; shown too, with the medians).
-    overhead = t_report / t_diff
-    combined = t_both / t_diff - 1
-    median_overhead = median_both / median_diff - 1
-    imported = import_seconds()
-    counts = result.counts()
-    rows = {
-        "diff_runs alone": t_diff,
-        "diff_runs + write_diff_report": t_both,
-        "write_diff_report alone (in the above)": t_report,
-        "first report of the process (+ import)": first_report,
-        "matplotlib import, fresh interpreter": imported,
-        "CLI: trajtrack diff A B": cli_plain,
-        "CLI: trajtrack diff A B --html FILE": cli_html,
-    }
-    print(
-        f"report benchmark: 2 runs x {dumps} dumps x {size / 1e6:.2f} MB, {counts['different']} "
-        f"different, {counts['only_in_a']}+{counts['only_in_b']} in one run only; warm page "
-        f"cache; best of {args.repeat} (alternated)"
-    )
-    print(f"{'measurement':<42} {'seconds':>9} {'vs diff':>8}")
-    for name, seconds in rows.items():
-        print(f"{name:<42} {seconds:9.3f} {seconds / t_diff:8.1%}")
-    verdict = "met" if overhead <= GOAL else "MISSED"
-    print(
-        f"report on top of the diff: {overhead:+.1%} (goal <= +{GOAL:.0%}: {verdict}); "
-        f"diff + report vs diff: {combined:+.1%} best, {median_overhead:+.1%} median; "
-        f"HTML {html_bytes / 1024:.0f} KiB"
-    )
-    print(
-        f"whole command (process start, imports, diff, report): --html adds "
-        f"{cli_html / cli_plain - 1:+.1%} ({cli_html - cli_plain:+.3f} s)"
-    )
+    raw = measure_all(dumps, size, args.repeat, args.dir)
     report = {
         "machine": machine(),
         "dumps_per_run": dumps,
         "dump_bytes": size,
-        "counts": counts,
         "repeat": args.repeat,
         "page_cache": "warm (every file read once before measuring)",
-        "seconds": rows,
-        "diff_only_samples": diff_only,
-        "with_report_samples": with_report,
-        "first_diff_seconds": first_diff,
-        "overhead": overhead,
-        "overhead_best_of_sums": combined,
-        "cli_overhead": cli_html / cli_plain - 1,
-        "overhead_median": median_overhead,
-        "goal": GOAL,
-        "met": overhead <= GOAL,
-        "html_bytes": html_bytes,
+        **raw,
+        **figures(raw),
     }
+    print_table(report)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / ("report-quick.json" if args.quick else "report.json")
     path.write_text(json.dumps(report, indent=2) + "\n")

@@ -86,3 +86,28 @@ def _assert_not_blank(png: bytes) -> None:
     red = (pixels[..., 0] > 0.6) & (pixels[..., 1] < 0.45) & (pixels[..., 2] < 0.45)
     assert red.sum() > 200, "no red markers or bars: the plots are not drawn"
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50
+
+
+def test_show_report_renders_in_chromium_without_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib", reason="the report extra: pip install 'trajtrack[report]'")
+    executable = chromium_or_skip()
+    run = str(tmp_path / "run")
+    write_run(run, {"step0/batch": {"logp": torch.randn(8, 16), "<b>ids</b>": torch.arange(9)}})
+    path = tmp_path / "show.html"
+    assert run_cli(capsys, "show", run, "step0/batch", "--html", str(path))[0] == 0
+    with Browser(executable, tmp_path / "profile") as browser:
+        browser.open(path.as_uri(), width=WIDTH)
+        page = browser.evaluate(
+            "({plots: [...document.querySelectorAll('svg.histogram')].map("
+            "   s => s.getBoundingClientRect().width),"
+            " keys: [...document.querySelectorAll('#tensors a')].map(a => a.textContent),"
+            " bold: document.querySelectorAll('b').length,"
+            " height: document.documentElement.scrollHeight})"
+        )
+        png = browser.screenshot(WIDTH, min(int(page["height"]), 2400))
+    assert browser.errors == []
+    assert page["keys"] == ["['logp']", "['<b>ids</b>']"] and page["bold"] == 0
+    assert len(page["plots"]) == 2 and all(width > 500 for width in page["plots"])
+    _assert_not_blank(png)

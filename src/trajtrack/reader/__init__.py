@@ -8,8 +8,10 @@ Read the modules in this order::
     _numeric.py    element-wise comparison of two tensors (the hot loop of compare)
     _diff.py       diff_runs(): two runs paired by name, compared dump by dump
     _report.py     write_diff_report(): the diff as one self-contained HTML page
-    _plots.py      its plots (matplotlib, inline SVG; the ``report`` extra)
-    _tensor_path.py  a Difference.path back to the object, and a - b of two tensors
+    _dump_report.py  render_dump_report(): one dump's tensors as histograms (``show --html``)
+    _plots.py      their plots (matplotlib, inline SVG; the ``report`` extra)
+    _html.py       the page shell they share (CSS, escaping, atomic write)
+    _tensor_path.py  a Difference.path back to the object, a - b of two tensors
 
 The CLI (:mod:`trajtrack.cli`) is built on these names; so can be any other tool.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from trajtrack.reader._compare import Difference, Tolerance, compare
 from trajtrack.reader._diff import DumpComparison, RunDiff, diff_runs
+from trajtrack.reader._dump_report import render_dump_report
 from trajtrack.reader._report import (
     DivergentTensor,
     load_divergent_tensor,
@@ -56,5 +59,6 @@ __all__ = [
     "matches",
     "open_run",
     "render_diff_report",
+    "render_dump_report",
     "write_diff_report",
 ]

@@ -253,28 +253,34 @@ def _x_axis(ax: Axes, points: Sequence[DumpPoint]) -> None:
 
 
 def histogram_svg(values: np.ndarray[Any, Any], title: str, *, xlabel: str = "a - b") -> str:
-    """A histogram of element-wise differences (counts on a log scale).
+    """A histogram of element-wise values or differences (counts on a log scale beyond 20).
 
     Args:
         values: Finite differences (any shape; flattened).
         title: The plot's title (plain text, shown as is).
         xlabel: The quantity on the x axis.
     """
+    from matplotlib.ticker import MaxNLocator
+
     figure, ax = _figure(7.5, 3.0, margins=(0.75, 0.2, 0.55, 0.35))
     flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    log = False
     if flat.size:
         counts, edges = np.histogram(flat, bins=60)
         ax.stairs(counts, edges, fill=True, color=_COLORS["abs"], alpha=0.8)
-        _log_axis(ax)
-        ax.set_ylim(0.5, max(1.0, float(counts.max())) * 2)
-        from matplotlib.ticker import MaxNLocator
-
+        log = bool(counts.max() > 20)  # a log scale shows the lone outliers next to a tall bar
+        if log:
+            _log_axis(ax)
+            ax.set_ylim(0.5, float(counts.max()) * 2)
+        else:
+            ax.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
+            ax.grid(True, axis="y", color="#e5e5e5", linewidth=0.6)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
     else:
-        ax.text(0.5, 0.5, "no finite differences", transform=ax.transAxes, ha="center")
+        ax.text(0.5, 0.5, "nothing finite to draw", transform=ax.transAxes, ha="center")
     ax.set_title(title, fontsize=9, loc="left", parse_math=False)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("elements (log scale)")
+    ax.set_ylabel("elements (log scale)" if log else "elements")
     return _svg(figure, title, "histogram")
 
 

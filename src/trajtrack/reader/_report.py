@@ -11,11 +11,9 @@ copy. Every string that comes from a run (dump names, keys, values, errors, URLs
 
 from __future__ import annotations
 
-import html
 import logging
 import math
 import os
-import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import numpy as np
 from trajtrack._exceptions import TrajtrackError
 from trajtrack.reader._compare import Difference
 from trajtrack.reader._diff import DumpComparison, RunDiff
+from trajtrack.reader._html import escape as _e, number, page, write_atomically
 from trajtrack.reader._plots import DumpPoint, divergence_svg, histogram_svg, load_matplotlib
 from trajtrack.reader._run import Run
 from trajtrack.reader._tensor_path import difference_values, find_at_path
@@ -41,50 +40,6 @@ _LABELS = {
     "only_in_b": "only in B",
     "error": "error",
 }
-
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;
-margin:0 auto;max-width:1180px;padding:16px 24px}
-h1{font-size:22px;margin:4px 0}h2{font-size:17px;margin:24px 0 8px}
-code,td.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
-table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:3px 8px;
-border-bottom:1px solid #e3e3e3;vertical-align:top}th{background:#f4f4f4}
-td.num{text-align:right;white-space:nowrap}
-.verdict{display:inline-block;padding:2px 10px;border-radius:10px;font-weight:600}
-.s-equal{color:#1e8449}.s-different{color:#c0392b}.s-only_in_a{color:#2471a3}
-.s-only_in_b{color:#7d3c98}.s-error{color:#000;font-weight:700}
-.verdict.ok{background:#d5f5e3;color:#1e8449}.verdict.bad{background:#fadbd8;color:#922b21}
-.counts{display:flex;gap:10px;flex-wrap:wrap}.count{border:1px solid #ddd;border-radius:6px;
-padding:6px 14px;font-size:15px}.count b{font-size:20px;margin-right:4px}
-dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:8px 0}
-dt{color:#666}dd{margin:0;word-break:break-all}
-svg.plot{width:100%;height:auto;display:block}
-ul.legend{list-style:none;display:flex;flex-wrap:wrap;gap:4px 18px;padding:0;margin:4px 0 0 60px;
-font-size:13px}.mark{font-weight:700}svg.histogram{max-width:780px}
-.note{color:#666;font-size:13px}footer{margin-top:32px;color:#888;font-size:12px}
-"""
-
-_PAGE = string.Template("""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>$title</title>
-<style>$css</style>
-</head>
-<body>
-<header><h1>trajtrack diff</h1>
-<span class="verdict $verdict_class" id="verdict">$verdict</span></header>
-<section id="summary"><h2>Summary</h2>$summary</section>
-<section id="plot"><h2>How far apart the runs are, dump by dump</h2>$plot</section>
-<section id="histogram"><h2>First divergent tensor</h2>$histogram</section>
-<section id="differing"><h2>Differing dumps</h2>$table</section>
-<footer>Written by trajtrack $version. Every value is as the diff collected it (at most the
-per-dump limit of differences); <code>trajtrack diff --json</code> has them all.</footer>
-</body>
-</html>
-""")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -201,16 +156,7 @@ async def write_diff_report(
     page = await anyio.to_thread.run_sync(
         lambda: render_diff_report(result, divergent, max_dumps=max_dumps, note=note)
     )
-    await anyio.to_thread.run_sync(_write_atomically, Path(path), page)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    await anyio.to_thread.run_sync(write_atomically, Path(path), page)
 
 
 def render_diff_report(
@@ -239,16 +185,20 @@ def render_diff_report(
         verdict, verdict_class = "equal within tolerance (exit 0)", "ok"
     else:
         verdict, verdict_class = f"the runs differ (exit {result.exit_code})", "bad"
-    return _PAGE.substitute(
-        title=_e(f"trajtrack diff: {result.url_a} vs {result.url_b}"),
-        css=_CSS,
-        verdict=_e(verdict),
-        verdict_class=verdict_class,
-        summary=_summary(result, first),
-        plot=_plot(result, first),
-        histogram=_histogram(result, divergent, note),
-        table=_table(result, max_dumps),
-        version=_e(__version__),
+    sections = (
+        ("summary", "Summary", _summary(result, first)),
+        ("plot", "How far apart the runs are, dump by dump", _plot(result, first)),
+        ("histogram", "First divergent tensor", _histogram(result, divergent, note)),
+        ("differing", "Differing dumps", _table(result, max_dumps)),
+    )
+    return page(
+        title=f"trajtrack diff: {result.url_a} vs {result.url_b}",
+        heading="trajtrack diff",
+        badge=f'<span class="verdict {verdict_class}" id="verdict">{_e(verdict)}</span>',
+        body="\n".join(f'<section id="{i}"><h2>{h}</h2>{b}</section>' for i, h, b in sections),
+        footer=f"Written by trajtrack {_e(__version__)}. Every value is as the diff "
+        "collected it (at most the per-dump limit of differences); "
+        "<code>trajtrack diff --json</code> has them all.",
     )
 
 
@@ -362,8 +312,8 @@ def _rows(c: DumpComparison) -> str:
         cells.append(
             f'<tr class="{"dump" if i == 0 else "more"}">{lead}'
             f'<td class="mono">{_e(d.path or "<root>")}</td><td>{_e(_what(d))}</td>'
-            f'<td class="num">{counted}</td><td class="num">{_number(d.max_abs)}</td>'
-            f'<td class="num">{_number(d.max_rel)}</td><td class="mono">{index}</td>'
+            f'<td class="num">{counted}</td><td class="num">{number(d.max_abs)}</td>'
+            f'<td class="num">{number(d.max_rel)}</td><td class="mono">{index}</td>'
             f'<td class="mono">{_e(d.a or "")}</td><td class="mono">{_e(d.b or "")}</td></tr>'
         )
     return "".join(cells)
@@ -381,11 +331,3 @@ def _difference_text(d: Difference) -> str:
     if d.index is not None:
         text += f"; first at index {list(d.index)}: A={d.a} B={d.b}"
     return text
-
-
-def _number(value: float | None) -> str:
-    return "" if value is None else _e(f"{value:.4g}")
-
-
-def _e(text: str) -> str:
-    return html.escape(text, quote=True)

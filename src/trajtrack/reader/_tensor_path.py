@@ -17,7 +17,14 @@ import torch
 
 from trajtrack.reader._compare import _batch_like, _is_mapping, _is_number
 
-__all__ = ["MISSING", "difference_values", "find_at_path"]
+__all__ = [
+    "MISSING",
+    "difference_values",
+    "dtype_name",
+    "find_at_path",
+    "finite_values",
+    "numeric_leaves",
+]
 
 MISSING: Any = object()
 _MAX_DEPTH = 64
@@ -42,8 +49,32 @@ def _find(obj: Any, here: str, path: str, depth: int) -> Any:
     return MISSING
 
 
-def _children(obj: Any, here: str, path: str) -> Iterator[tuple[str, Any]]:
-    """(path, child) pairs, in the order and with the names of ``compare``'s walk."""
+def numeric_leaves(obj: Any, *, limit: int = 10_000) -> Iterator[tuple[str, Any]]:
+    """``(path, tensor)`` for each tensor and numeric array in *obj*, in ``compare``'s order.
+
+    Paths are named as :func:`~trajtrack.reader.compare` names them; at most *limit* objects
+    are visited (a dump with huge lists of scalars is not walked to the end).
+    """
+    stack: list[tuple[str, Any, int]] = [("", obj, 0)]
+    visited = 0
+    while stack and visited < limit:
+        here, value, depth = stack.pop()
+        visited += 1
+        if isinstance(value, torch.Tensor) or (
+            isinstance(value, np.ndarray) and value.dtype.kind in "biufc"
+        ):
+            yield here, value
+        elif depth < _MAX_DEPTH:
+            children = list(_children(value, here, None))
+            stack.extend((name, child, depth + 1) for name, child in reversed(children))
+
+
+def _children(obj: Any, here: str, path: str | None) -> Iterator[tuple[str, Any]]:
+    """(path, child) pairs, in the order and with the names of ``compare``'s walk.
+
+    With a *path*, a list or tuple yields only the item on that path (a long list is not
+    walked); with ``None``, every item.
+    """
     if isinstance(obj, torch.Tensor) or _is_number(obj):
         return
     if isinstance(obj, np.ndarray):
@@ -56,9 +87,10 @@ def _children(obj: Any, here: str, path: str) -> Iterator[tuple[str, Any]]:
         for key in list(obj.keys()):
             yield f"{here}[{key!r}]", obj[key]
     elif isinstance(obj, (list, tuple)):
-        rest = path[len(here) :]
-        if rest.startswith("["):  # straight to the item: a long list is not walked
-            token = rest[1:].split("]", 1)[0]
+        if path is None:
+            yield from ((f"{here}[{i}]", item) for i, item in enumerate(obj))
+        elif path[len(here) :].startswith("["):  # straight to the item
+            token = path[len(here) + 1 :].split("]", 1)[0]
             if token.isdigit() and int(token) < len(obj):
                 yield f"{here}[{token}]", obj[int(token)]
     elif _batch_like(obj):
@@ -95,7 +127,26 @@ def difference_values(
     else:
         values = x.astype(np.float64) - y.astype(np.float64)
     finite = np.isfinite(values)
-    return values[finite], int(values.size - finite.sum()), step, shape_a, _dtype_name(a)
+    return values[finite], int(values.size - finite.sum()), step, shape_a, dtype_name(a)
+
+
+def finite_values(value: Any) -> tuple[np.ndarray[Any, Any], int, int] | None:
+    """The finite values of a numeric tensor or array, flat float64 (``|v|`` when complex).
+
+    Returns:
+        ``(values, number of NaN/infinite ones, sampling stride)``, or ``None`` when *value*
+        is not numeric. Sampled with a stride beyond about two million elements.
+    """
+    shape = _shape(value)
+    if shape is None:
+        return None
+    step = max(1, math.ceil(math.prod(shape) / _MAX_SAMPLES))
+    flat = _flat(value, step)
+    if flat is None:
+        return None
+    values = np.abs(flat) if flat.dtype.kind == "c" else flat.astype(np.float64)
+    finite = np.isfinite(values)
+    return values[finite], int(values.size - finite.sum()), step
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
@@ -126,7 +177,8 @@ def _flat(value: Any, step: int) -> np.ndarray[Any, Any] | None:
         return None
 
 
-def _dtype_name(value: Any) -> str:
+def dtype_name(value: Any) -> str:
+    """``float32``, ``int64``, ... for a tensor or an array."""
     if isinstance(value, torch.Tensor):
         return str(value.dtype).removeprefix("torch.")
     return str(value.dtype)
