@@ -314,3 +314,19 @@ def test_difference_values_dtypes_nan_and_sampling(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr("trajtrack.reader._tensor_path._MAX_SAMPLES", 10)
     big = difference_values(torch.arange(100.0), torch.zeros(100))
     assert big is not None and big[2] == 10 and big[0].tolist() == list(range(0, 100, 10))
+
+
+def test_many_differing_dumps_are_drawn_as_one_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trajtrack.reader._plots import DumpPoint, divergence_svg
+
+    points = [DumpPoint(f"d{i}", "different", 1e-3 * (i + 1), 1e-2) for i in range(50)]
+    with_markers, _ = divergence_svg(points, 0)
+    monkeypatch.setattr("trajtrack.reader._plots._MAX_MARKERS", 10)
+    dashes, legend = divergence_svg(points, 0)
+    assert with_markers.count("<use ") >= 100  # a marker per magnitude
+    assert dashes.count("<use ") < 20  # only the axes' ticks
+    assert [label for _, _, label in legend] == [
+        "different (50)",
+        "max abs |a-b|",
+        "max rel |a-b|/|b|",
+    ]

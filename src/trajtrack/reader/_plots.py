@@ -40,6 +40,9 @@ _NO_METADATA = {"Date": None, "Creator": None, "Format": None, "Type": None}
 # saves must not interleave (a user's own plotting in another thread is not our business).
 _SAVE_LOCK = threading.Lock()
 _MAX_NAMED_TICKS = 40  # up to this many dumps, the x axis is labelled with their names
+# Beyond this many differing dumps the magnitudes are dashes in one path, not markers: each
+# marker is an SVG element of its own (tens of microseconds each to write, and to display).
+_MAX_MARKERS = 2_000
 _NAME_CHARS = 32
 _GLYPHS = {"o": "\u25cf", "^": "\u25b2", "<": "\u25c0", ">": "\u25b6", "s": "\u25a0", "X": "\u2716"}
 _COLORS = {
@@ -163,6 +166,12 @@ def _magnitudes(ax: Axes, points: Sequence[DumpPoint], x: np.ndarray[Any, Any]) 
         if not shown.any():
             continue
         plotted = True
+        if shown.sum() > _MAX_MARKERS:  # one short dash per dump, all in one path
+            xs = np.repeat(x[shown].astype(float), 3) + np.tile([-0.45, 0.45, 0.0], shown.sum())
+            xs[2::3] = np.nan
+            ys = np.repeat(values[shown], 3)
+            ax.plot(xs, ys, color=_COLORS[key], linewidth=2, label=label)
+            continue
         ax.plot(
             x[shown],
             values[shown],
