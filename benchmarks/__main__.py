@@ -12,7 +12,8 @@ Scenarios (each module's docstring says exactly what it measures):
 4. peak RSS against ``max_pending_bytes`` with a deliberately slow storage — ``bench_core``;
 5. scale with writers into one HDFS directory, per-process trackers against the single Ray
    actor — ``bench_scale``;
-6. offline ``diff`` against the storage's read bandwidth — ``bench_diff``.
+6. offline ``diff`` against the storage's read bandwidth — ``bench_diff``;
+7. the HTML report of a diff against the diff itself — ``bench_report``.
 
 Each runs in its own process, one after another on the same machine; their JSON results are
 merged into ``benchmarks/results/latest.json`` (``latest-quick.json`` with ``--quick``) and the
@@ -31,7 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-SCENARIOS = ["core", "ray", "webhdfs", "scale", "diff"]
+SCENARIOS = ["core", "ray", "webhdfs", "scale", "diff", "report"]
 
 
 def _run(name: str, quick: bool) -> dict[str, Any] | None:
@@ -76,6 +77,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     ack_p50 = _get(ray, "results", "trajtrack.ray acknowledged", "latency", "p50_us")
     pipe_p50 = _get(ray, "results", "trajtrack.ray pipelined", "latency", "p50_us")
     diff = results.get("diff")
+    report = results.get("report")
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None or b == 0 else a / b
@@ -140,6 +142,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             0.5,
             "",
         ),
+        ("diff --html report on top of the diff", _get(report, "overhead"), 0.1, "<="),
         ("event-loop max lag, 256 MB dumps (ms, worst)", _get(lag, "max"), 20, "ms <="),
         (
             "peak RSS vs baseline+budget+payload+100 MB",

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -37,6 +39,34 @@ def test_core_benchmark_quick_smoke_run(tmp_path: Path) -> None:
     for size in ("4KB", "1MB", "16MB", "256MB"):
         assert set(result["latency"][size]) == {"tracker", "shim", "torch_save"}
         assert result["latency"][size]["tracker"]["n"] >= 1
+
+
+def test_report_benchmark_quick_smoke_run(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the report extra: pip install 'trajtrack[report]'")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_report.py"),
+            "--dumps",
+            "20",
+            "--size-mb",
+            "0.01",
+            "--repeat",
+            "1",
+            "--dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "TRAJTRACK_BENCH_RESULTS": str(tmp_path / "results")},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "diff_runs + write_diff_report" in done.stdout
+    result = json.loads((tmp_path / "results" / "report.json").read_text())
+    assert result["counts"]["different"] == 1 and result["counts"]["only_in_a"] == 2
+    assert result["html_bytes"] > 10_000 and result["overhead"] > 0
 
 
 def test_targets_are_checked_against_the_figures_of_the_run() -> None:

@@ -83,6 +83,9 @@ def test_demo_pinpoints_the_perturbed_step(
     assert "first at index [1, 2]" in out
     assert "(exit code 1)" in out
     assert "webhdfs://" in out and "trajtrack.ray" in out  # what to try next
+    report = tmp_path / "demo" / "diff-report.html"
+    assert f"HTML report: {report}" in out
+    assert 'id="first-divergence">step2/sample3</strong>' in report.read_text()
     # The demo's runs are real runs that verify; running it again replaces them.
     assert run_cli(capsys, "verify", str(tmp_path / "demo/run_a"))[0] == 0
     code, out, _ = run_cli(capsys, "demo", str(tmp_path / "demo"), "--steps", "3")

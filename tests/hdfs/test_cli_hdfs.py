@@ -87,3 +87,20 @@ def test_malicious_dump_on_hdfs_is_refused(
     code, _, err = run_cli(capsys, "show", hdfs_url, "evil")
     assert code == 2 and "refusing to load" in err
     assert not marker.exists()
+
+
+def test_diff_html_report_on_hdfs(
+    hdfs_cluster: HdfsCluster, hdfs_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib", reason="the report extra: pip install 'trajtrack[report]'")
+    a, b = f"{hdfs_url}/report-a", f"{hdfs_url}/report-b"
+    write_run(a, _dumps())
+    write_run(b, _dumps(bump=True))
+    report = tmp_path / "report.html"
+    code, _, err = run_cli(capsys, "diff", a, b, "--html", str(report))
+    assert code == 1, err
+    page = report.read_text()
+    assert 'id="first-divergence">step1/x</strong>' in page
+    # The first divergent pair was reloaded from HDFS for the histogram.
+    assert "step1/x [&#x27;t&#x27;]: float32 [3, 4], a - b of 12 elements" in page
+    assert 'class="plot histogram"' in page

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from trajtrack.reader._diff import Tolerance, compare
+from trajtrack.reader import Tolerance, compare
 
 
 @dataclasses.dataclass

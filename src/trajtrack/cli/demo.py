@@ -5,7 +5,8 @@ rollouter): every task builds one :class:`~trajtrack.rollout.RolloutSample` with
 data layer and dumps it through a :class:`~trajtrack.Tracker`; after each step the samples are
 assembled into a training batch (also dumped) and the step's metrics aggregated. Both runs use
 the same seeds, except that run B perturbs one element of one tensor in one sample, so the
-``diff`` that follows must point at exactly that dump, key and index.
+``diff`` that follows must point at exactly that dump, key and index. The diff's HTML report
+goes to ``DIR/diff-report.html`` (for a remote DIR: ``./trajtrack-demo-diff-report.html``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import torch
 
 import trajtrack.cli.diff as diff_command
 import trajtrack.cli.ls as ls_command
-from trajtrack._exceptions import ConfigurationError
+from trajtrack._exceptions import ConfigurationError, MissingDependencyError
 from trajtrack.backends import scheme_of
+from trajtrack.backends.local import LocalStorage
 from trajtrack.cli._common import EXIT_DIFFERENT, EXIT_OK, Streams, format_size
 from trajtrack.rollout import (
     MetricsAggregator,
@@ -66,7 +68,9 @@ def add_parser(commands: Any) -> None:
             "Run two short simulated async-rollouter runs into DIR/run_a and DIR/run_b "
             "(identical seeds; run B perturbs one element of one tensor in one step), print "
             "what was written and the tracker statistics, then `ls` and a `diff` that "
-            "pinpoints the perturbed step. DIR may be any storage URL (e.g. webhdfs://...). "
+            "pinpoints the perturbed step, with its HTML report in DIR/diff-report.html "
+            "(for a remote DIR: ./trajtrack-demo-diff-report.html; needs "
+            "pip install 'trajtrack[report]'). DIR may be any storage URL (e.g. webhdfs://...). "
             "Exit 0 when the diff found exactly the perturbation."
         ),
     )
@@ -116,8 +120,9 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     streams.line(f"$ trajtrack ls {url_b} --glob '{glob}'")
     await ls_command.run(argparse.Namespace(url=url_b, glob=glob, json=False), streams)
     streams.line("")
-    streams.line(f"$ trajtrack diff {url_a} {url_b}")
-    code, first = await _diff(url_a, url_b, streams)
+    report = _report_path(base)
+    streams.line(f"$ trajtrack diff {url_a} {url_b} --html {report}")
+    code, first = await _diff(url_a, url_b, streams, report)
     streams.line(f"(exit code {code})")
     _try_next(streams, base, url_a, url_b, target)
     if code == EXIT_DIFFERENT and first == target:
@@ -126,15 +131,30 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     return EXIT_DIFFERENT
 
 
-async def _diff(url_a: str, url_b: str, streams: Streams) -> tuple[int, str | None]:
-    from trajtrack.reader import Tolerance, diff_runs, open_run
+async def _diff(url_a: str, url_b: str, streams: Streams, report: Path) -> tuple[int, str | None]:
+    from trajtrack.reader import Tolerance, diff_runs, open_run, write_diff_report
 
     async with open_run(url_a) as run_a, open_run(url_b) as run_b:
         result = await diff_runs(run_a, run_b, tolerance=Tolerance())
-    for line in diff_command.render(result, max_dumps=5, per_dump=3):
-        streams.line(line)
+        for line in diff_command.render(result, max_dumps=5, per_dump=3):
+            streams.line(line)
+        try:
+            await write_diff_report(result, report, run_a=run_a, run_b=run_b)
+        except MissingDependencyError as exc:  # the demo runs without the report extra too
+            streams.line(f"(no HTML report: {exc})")
+        else:
+            streams.line(f"HTML report: {report}  (open it in a browser)")
     first = result.first_divergence()
     return result.exit_code, first.name if first else None
+
+
+def _report_path(base: str) -> Path:
+    """``DIR/diff-report.html`` for a local DIR; in the current directory for other storages."""
+    if scheme_of(base) != "file":
+        return Path("trajtrack-demo-diff-report.html")
+    if base.startswith("file://"):
+        return LocalStorage(base).root / "diff-report.html"  # its parsing of file:// URLs
+    return Path(base).expanduser() / "diff-report.html"
 
 
 def _try_next(streams: Streams, base: str, url_a: str, url_b: str, target: str) -> None:

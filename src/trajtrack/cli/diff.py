@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import anyio.to_thread
+
 from trajtrack.cli._common import (
     Streams,
     add_output_options,
@@ -13,7 +15,16 @@ from trajtrack.cli._common import (
     progress_callback,
     write_json,
 )
-from trajtrack.reader import Difference, DumpComparison, RunDiff, Tolerance, diff_runs, open_run
+from trajtrack.reader import (
+    Difference,
+    DumpComparison,
+    RunDiff,
+    Tolerance,
+    diff_runs,
+    open_run,
+    require_matplotlib,
+    write_diff_report,
+)
 
 __all__ = ["add_parser", "render", "run"]
 
@@ -76,12 +87,21 @@ def add_parser(commands: Any) -> None:
         metavar="N",
         help="differences printed per dump (default: %(default)s)",
     )
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML report (summary, a plot of the differences "
+        "dump by dump, the differing dumps, a histogram of the first divergent tensor); "
+        "needs pip install 'trajtrack[report]'",
+    )
     add_output_options(parser, progress=True)
     parser.set_defaults(handler=run)
 
 
 async def run(args: argparse.Namespace, streams: Streams) -> int:
     tolerance = Tolerance(rtol=args.rtol, atol=args.atol, equal_nan=not args.nan_unequal)
+    if args.html:  # fail before a long diff, not after it (a file system look-up: off the loop)
+        await anyio.to_thread.run_sync(require_matplotlib)
     update, close = progress_callback(streams, "diff", quiet=args.quiet)
     async with (
         open_run(args.url_a, concurrency=args.concurrency) as run_a,
@@ -99,11 +119,14 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
             )
         finally:
             close()
-    if args.json:
-        write_json(streams, result.to_json())
-    else:
-        for line in render(result, max_dumps=args.max_dumps, per_dump=args.max_differences):
-            streams.line(line)
+        if args.json:
+            write_json(streams, result.to_json())
+        else:
+            for line in render(result, max_dumps=args.max_dumps, per_dump=args.max_differences):
+                streams.line(line)
+        if args.html:  # the runs are still open: the report reloads the first divergent pair
+            await write_diff_report(result, args.html, run_a=run_a, run_b=run_b, unsafe=args.unsafe)
+            streams.note(f"trajtrack diff: HTML report written to {args.html}")
     return result.exit_code
 
 

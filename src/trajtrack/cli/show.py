@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
@@ -20,7 +21,13 @@ from trajtrack.cli._common import (
     format_time,
     write_json,
 )
-from trajtrack.reader import open_run
+from trajtrack.reader import (
+    DumpInfo,
+    open_run,
+    render_dump_report,
+    require_matplotlib,
+    write_atomically,
+)
 
 __all__ = ["add_parser", "describe", "run"]
 
@@ -55,18 +62,35 @@ def add_parser(commands: Any) -> None:
         metavar="N",
         help="children shown per container (default: %(default)s)",
     )
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML page with a histogram of each tensor's values; "
+        "needs pip install 'trajtrack[report]'",
+    )
     add_output_options(parser)
     parser.set_defaults(handler=run)
 
 
 async def run(args: argparse.Namespace, streams: Streams) -> int:
+    if args.html:  # fail before loading, not after (a file system look-up: off the loop)
+        await anyio.to_thread.run_sync(require_matplotlib)
     async with open_run(args.url) as source:
         info = await source.info(args.name)
         obj = await source.load(info, unsafe=args.unsafe)
     tree = await anyio.to_thread.run_sync(describe, obj, args.max_items)
     if args.json:
         write_json(streams, {"dump": info.to_json(), "structure": tree})
-        return EXIT_OK
+    else:
+        _print(streams, info, tree)
+    if args.html:
+        page = await anyio.to_thread.run_sync(lambda: render_dump_report(obj, info, url=args.url))
+        await anyio.to_thread.run_sync(write_atomically, Path(args.html), page)
+        streams.note(f"trajtrack show: HTML report written to {args.html}")
+    return EXIT_OK
+
+
+def _print(streams: Streams, info: DumpInfo, tree: dict[str, Any]) -> None:
     checksum = info.checksum or "unrecorded"
     streams.line(
         f"{info.name}  ({info.path}, {format_size(info.size)}, {checksum}, "
@@ -74,7 +98,6 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     )
     for line in render(tree):
         streams.line(line)
-    return EXIT_OK
 
 
 def describe(obj: Any, max_items: int = _MAX_ITEMS, depth: int = 0) -> dict[str, Any]:

@@ -11,6 +11,11 @@ Read the modules in this order::
     _numeric.py    element-wise comparison of two tensors (the hot loop of compare)
     _diff.py       diff_runs(): two runs paired by name, compared dump by dump
     _export.py     export_run(): any run written out in the files layout
+    _report.py     write_diff_report(): the diff as one self-contained HTML page
+    _dump_report.py  render_dump_report(): one dump's tensors as histograms (``show --html``)
+    _plots.py      their plots (matplotlib, inline SVG; the ``report`` extra)
+    _html.py       the page shell they share (CSS, escaping, atomic write)
+    _tensor_path.py  a Difference.path back to the object, a - b of two tensors
 
 The CLI (:mod:`trajtrack.cli`) is built on these names; so can be any other tool.
 """
@@ -19,15 +24,25 @@ from __future__ import annotations
 
 from trajtrack.reader._compare import Difference, Tolerance, compare
 from trajtrack.reader._diff import DumpComparison, RunDiff, diff_runs
+from trajtrack.reader._dump_report import render_dump_report
 from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order, matches
 from trajtrack.reader._export import ExportResult, export_run
 from trajtrack.reader._gather import gather_bounded
+from trajtrack.reader._html import write_atomically
+from trajtrack.reader._plots import require_matplotlib
+from trajtrack.reader._report import (
+    DivergentTensor,
+    load_divergent_tensor,
+    render_diff_report,
+    write_diff_report,
+)
 from trajtrack.reader._run import Run, open_run
 from trajtrack.reader._safe_load import check_loadable, load_dump_bytes
 from trajtrack.reader._syncrun import SyncRun
 
 __all__ = [
     "Difference",
+    "DivergentTensor",
     "DumpComparison",
     "DumpInfo",
     "ExportResult",
@@ -42,7 +57,13 @@ __all__ = [
     "dump_order",
     "export_run",
     "gather_bounded",
+    "load_divergent_tensor",
     "load_dump_bytes",
     "matches",
     "open_run",
+    "render_diff_report",
+    "require_matplotlib",
+    "render_dump_report",
+    "write_atomically",
+    "write_diff_report",
 ]
