@@ -144,8 +144,8 @@ def test_open_storage_and_options(monkeypatch: pytest.MonkeyPatch) -> None:
     storage = open_storage("webhdfs://nn:1/r")
     assert isinstance(storage, WebHdfsStorage)
     assert storage.root == "/r"
-    assert storage._user == "alice"
-    assert open_storage("webhdfs://nn:1/r", user="bob")._user == "bob"  # type: ignore[attr-defined]
+    assert storage.user == "alice"
+    assert open_storage("webhdfs://nn:1/r", user="bob").user == "bob"  # type: ignore[attr-defined]
     with pytest.raises(ConfigurationError, match="timeout"):
         open_storage("webhdfs://nn:1/r", timeout=(1, -1))
     with pytest.raises(ConfigurationError, match="threads"):

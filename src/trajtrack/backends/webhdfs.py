@@ -19,30 +19,20 @@ A write is one attempt (the tracker retries what is transient):
 from __future__ import annotations
 
 import builtins
-import contextlib
 import getpass
-import io
 import logging
 import os
-import queue
-import tempfile
-import threading
-import weakref
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 import requests
-from hdfs import InsecureClient
 from hdfs.client import Client
-from hdfs.util import HdfsError
 
 from trajtrack._exceptions import (
     ConfigurationError,
     DumpExistsError,
-    MissingDependencyError,
     StorageError,
     StorageNotFoundError,
     StorageUnavailableError,
@@ -50,14 +40,13 @@ from trajtrack._exceptions import (
 from trajtrack._retry import RetryPolicy, retry_sync
 from trajtrack.backends._hadoop_conf import WebHdfsTarget, resolve_target
 from trajtrack.backends._protocol import (
-    ChecksumWriter,
     FileInfo,
     Payload,
     WriteResult,
     check_range,
     check_relative,
 )
-from trajtrack.backends._webhdfs_errors import translate
+from trajtrack.backends._webhdfs_io import ClientPool, Spool, Spools, call, file_status
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
 
 __all__ = ["WebHdfsStorage", "open_webhdfs"]
@@ -78,55 +67,6 @@ def open_webhdfs(url: str, **options: Any) -> WebHdfsStorage:
         **options: See :class:`WebHdfsStorage`.
     """
     return WebHdfsStorage(url, **options)
-
-
-@dataclass(slots=True)
-class _Spool:
-    """A payload's bytes, kept for retries, with what the checksum writer computed."""
-
-    file: IO[bytes]
-    result: WriteResult
-
-    def body(self) -> _Body:
-        self.file.seek(0)
-        return _Body(self.file, self.result.size)
-
-
-class _Body:
-    """The upload body: a spool read in 1 MiB pieces, with a length (so requests sends a
-    Content-Length, not chunked) and, for an in-memory spool, no copy of the bytes."""
-
-    def __init__(self, file: IO[bytes], size: int) -> None:
-        self._file = file
-        self._size = size
-        self._view = file.getbuffer() if isinstance(file, io.BytesIO) else None
-        self._pos = 0
-
-    def __len__(self) -> int:
-        return self._size
-
-    def read(self, _hint: int = -1) -> bytes | memoryview:
-        if self._view is not None:
-            piece = self._view[self._pos : self._pos + _SPOOL_CHUNK]
-            self._pos += len(piece)
-            return piece
-        return self._file.read(_SPOOL_CHUNK)
-
-    def close(self) -> None:
-        if self._view is not None:
-            self._view.release()
-
-
-class _Session(requests.Session):
-    """A session that remembers the HTTP status of its last response (HdfsCLI drops it)."""
-
-    last_status: int | None = None
-
-    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> Any:
-        self.last_status = None
-        response = super().request(method, url, *args, **kwargs)
-        self.last_status = response.status_code
-        return response
 
 
 class WebHdfsStorage:
@@ -176,25 +116,20 @@ class WebHdfsStorage:
         self._target: WebHdfsTarget = resolve_target(
             url, namenodes=namenodes, hadoop_conf_dir=hadoop_conf_dir
         )
-        self._user = user or os.environ.get("HADOOP_USER_NAME") or getpass.getuser()
-        self._timeout = _timeout(timeout)
-        self._kerberos = kerberos
-        self._trust_env = trust_env
-        self._verify = verify
         self._prepare_timeout = prepare_timeout
-        self._spool_memory = spool_memory
-        self._spool_dir = spool_dir
         self._permission = permission
         self._limiter = anyio.CapacityLimiter(threads)
-        self._idle: queue.SimpleQueue[Client] = queue.SimpleQueue()
+        self._clients = ClientPool(
+            ";".join(self._target.namenodes),
+            user=user or os.environ.get("HADOOP_USER_NAME") or getpass.getuser(),
+            timeout=_timeout(timeout),
+            kerberos=kerberos,
+            trust_env=trust_env,
+            verify=verify,
+        )
         self._closed = False
         self._who = WriterIdentity.current()
-        # Spools of payloads whose write failed, so a retry does not serialize again; keyed
-        # weakly: once the tracker drops the payload (committed or given up) the spool goes.
-        self._spools: weakref.WeakKeyDictionary[Any, _Spool] = weakref.WeakKeyDictionary()
-        self._spools_lock = threading.Lock()
-        if kerberos:
-            _kerberos_client_class()  # fail now, with the install hint, not at first write
+        self._spools = Spools(spool_memory, spool_dir)
 
     @property
     def url(self) -> str:
@@ -206,6 +141,11 @@ class WebHdfsStorage:
 
     def local_path(self, path: str) -> None:
         return None
+
+    @property
+    def user(self) -> str:
+        """The HDFS user of simple authentication."""
+        return self._clients.user
 
     @property
     def namenodes(self) -> tuple[str, ...]:
@@ -226,53 +166,11 @@ class WebHdfsStorage:
             func, *args, limiter=self._limiter, abandon_on_cancel=True
         )
 
-    def _new_client(self) -> Client:
-        session = _Session()
-        session.trust_env = self._trust_env
-        session.verify = self._verify
-        url = ";".join(self._target.namenodes)
-        if self._kerberos:
-            return _kerberos_client_class()(url, timeout=self._timeout, session=session)
-        return InsecureClient(url, user=self._user, timeout=self._timeout, session=session)
-
-    @contextlib.contextmanager
-    def _client(self) -> Iterator[Client]:
-        try:
-            client = self._idle.get_nowait()
-        except queue.Empty:
-            client = self._new_client()
-        try:
-            yield client
-        finally:
-            if self._closed:
-                client._session.close()
-            else:
-                self._idle.put(client)
-
     def _abs(self, path: str) -> str:
         path = path.strip("/")
         if not path:
             return self._target.root
         return self._target.root.rstrip("/") + "/" + check_relative(path)
-
-    def _call(self, client: Client, what: str, func: Callable[[], T]) -> T:
-        try:
-            return func()
-        except StorageError:
-            raise
-        except Exception as exc:
-            status = getattr(client._session, "last_status", None)
-            known = isinstance(exc, (requests.RequestException, HdfsError))
-            if not known and (status is None or status < 400):
-                raise  # not a WebHDFS failure: a bug, or the payload's own error
-            raise translate(exc, what, status) from exc
-
-    def _status(self, client: Client, path: str) -> dict[str, Any] | None:
-        """GETFILESTATUS, ``None`` when missing (HdfsCLI's ``strict=False`` also hides 403s)."""
-        try:
-            return self._call(client, f"GETFILESTATUS {path}", lambda: client.status(path))  # type: ignore[no-any-return]
-        except StorageNotFoundError:
-            return None
 
     # ------------------------------------------------------------------ prepare
 
@@ -301,12 +199,12 @@ class WebHdfsStorage:
 
     def _make_root(self) -> None:
         root = self._target.root
-        with self._client() as client:
-            status = self._status(client, root)
+        with self._clients.client() as client:
+            status = file_status(client, root)
             if status is not None and status.get("type") != "DIRECTORY":
                 raise ConfigurationError(f"destination {self._url} exists and is not a directory")
             if status is None:
-                self._call(client, f"MKDIRS {root}", lambda: client.makedirs(root))
+                call(client, f"MKDIRS {root}", lambda: client.makedirs(root))
 
     # ------------------------------------------------------------------ write
 
@@ -314,64 +212,35 @@ class WebHdfsStorage:
         return await self._run(self._write_sync, path, payload, overwrite)
 
     def _write_sync(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
-        spool = self._spool_for(payload)
+        spool = self._spools.get(payload)
         final = self._abs(path)
         temp = self._abs(temp_path_for(path, self._who))
-        with self._client() as client:
+        with self._clients.client() as client:
             try:
                 self._upload(client, temp, spool)
                 self._publish(client, temp, final, overwrite)
             except BaseException as exc:
                 self._remove_quietly(client, temp)
                 if isinstance(exc, StorageError) and exc.retryable:
-                    self._keep_spool(payload, spool)
+                    self._spools.keep(payload, spool)
                 else:
                     spool.file.close()
                 raise
-        self._forget_spool(payload)
+        self._spools.forget(payload)
         spool.file.close()
         return spool.result
 
-    def _spool_for(self, payload: Payload) -> _Spool:
-        with self._spools_lock:
-            kept = self._spools.get(payload)
-        if kept is not None:
-            return kept
-        small = payload.nbytes <= self._spool_memory
-        file: IO[bytes] = (
-            io.BytesIO()
-            if small
-            # Not a `with`: on a retryable failure the spool outlives this call.
-            else tempfile.TemporaryFile(dir=self._spool_dir, prefix="trajtrack-webhdfs-")  # noqa: SIM115
-        )
-        try:
-            writer = ChecksumWriter(file)  # type: ignore[arg-type]  # any binary file
-            payload.write_to(writer)  # type: ignore[arg-type]  # a minimal BinaryIO
-            file.flush()
-        except BaseException:
-            file.close()
-            raise
-        return _Spool(file, writer.result())
-
-    def _keep_spool(self, payload: Payload, spool: _Spool) -> None:
-        with self._spools_lock, contextlib.suppress(TypeError):  # not weak-referenceable
-            self._spools[payload] = spool
-
-    def _forget_spool(self, payload: Payload) -> None:
-        with self._spools_lock, contextlib.suppress(TypeError):
-            self._spools.pop(payload, None)
-
-    def _upload(self, client: Client, temp: str, spool: _Spool) -> None:
+    def _upload(self, client: Client, temp: str, spool: Spool) -> None:
         body = spool.body()
         try:
-            self._call(
+            call(
                 client,
                 f"CREATE {temp}",
                 lambda: client.write(temp, data=body, overwrite=True, permission=self._permission),
             )
         finally:
             body.close()
-        status = self._call(client, f"GETFILESTATUS {temp}", lambda: client.status(temp))
+        status = call(client, f"GETFILESTATUS {temp}", lambda: client.status(temp))
         if status.get("length") != spool.result.size:
             raise StorageUnavailableError(
                 f"CREATE {temp}: wrote {status.get('length')} bytes, expected "
@@ -382,17 +251,17 @@ class WebHdfsStorage:
         what = f"RENAME {temp} -> {final}"
         if overwrite:
             # rename2 with OVERWRITE replaces atomically and answers an empty 200.
-            self._call(
+            call(
                 client,
                 what,
                 lambda: client._rename(temp, destination=final, renameoptions="OVERWRITE"),
             )
             return
-        response = self._call(client, what, lambda: client._rename(temp, destination=final))
+        response = call(client, what, lambda: client._rename(temp, destination=final))
         if _json_boolean(response):
             return
         # `false` gives no cause: the destination exists, or the temp file vanished.
-        if self._status(client, final) is not None:
+        if file_status(client, final) is not None:
             raise DumpExistsError(
                 f"{self._url}: {final} exists (existing-name policy 'error'); nothing was "
                 f"overwritten"
@@ -418,8 +287,8 @@ class WebHdfsStorage:
             with client.read(target, offset=offset, length=length) as reader:
                 return reader.read()  # type: ignore[no-any-return]
 
-        with self._client() as client:
-            return self._call(client, f"OPEN {target}", read)
+        with self._clients.client() as client:
+            return call(client, f"OPEN {target}", read)
 
     async def read_range(self, path: str, offset: int, length: int) -> bytes:
         check_range(offset, length)
@@ -441,11 +310,11 @@ class WebHdfsStorage:
         base = self._target.root.rstrip("/")
         found: list[FileInfo] = []
         pending = [self._abs(prefix)]
-        with self._client() as client:
+        with self._clients.client() as client:
             while pending:
                 directory = pending.pop()
                 try:
-                    entries = self._call(
+                    entries = call(
                         client,
                         f"LISTSTATUS {directory}",
                         lambda d=directory: client.list(d, status=True),  # type: ignore[misc]
@@ -466,8 +335,8 @@ class WebHdfsStorage:
 
     def _stat_sync(self, path: str) -> FileInfo | None:
         target = self._abs(path)
-        with self._client() as client:
-            status = self._status(client, target)
+        with self._clients.client() as client:
+            status = file_status(client, target)
         return None if status is None else _info(path, status)
 
     async def delete(self, path: str) -> None:
@@ -475,21 +344,13 @@ class WebHdfsStorage:
         await self._run(self._delete_sync, target)
 
     def _delete_sync(self, target: str) -> None:
-        with self._client() as client:
-            self._call(client, f"DELETE {target}", lambda: client.delete(target))
+        with self._clients.client() as client:
+            call(client, f"DELETE {target}", lambda: client.delete(target))
 
     async def aclose(self) -> None:
         self._closed = True
-        while True:
-            try:
-                client = self._idle.get_nowait()
-            except queue.Empty:
-                break
-            client._session.close()
-        with self._spools_lock:
-            for spool in self._spools.values():
-                spool.file.close()
-            self._spools.clear()
+        self._clients.close()
+        self._spools.close_all()
 
     def __repr__(self) -> str:
         return f"WebHdfsStorage({self._url!r}, namenodes={list(self._target.namenodes)})"
@@ -512,13 +373,3 @@ def _timeout(value: float | tuple[float, float]) -> tuple[float, float]:
     if len(pair) != 2 or any(not isinstance(v, (int, float)) or v <= 0 for v in pair):
         raise ConfigurationError(f"timeout must be seconds > 0 or (connect, read), got {value!r}")
     return float(pair[0]), float(pair[1])
-
-
-def _kerberos_client_class() -> type[Client]:
-    try:
-        from hdfs.ext.kerberos import KerberosClient
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "kerberos=True needs requests-kerberos: pip install 'trajtrack[kerberos]'"
-        ) from exc
-    return KerberosClient  # type: ignore[no-any-return]

@@ -99,7 +99,7 @@ def main(
 
 def _configure_logging(verbosity: int, stream: TextIO) -> None:
     level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    logger = logging.getLogger("trajtrack")
+    logger = logging.getLogger("trajtrack")  # the package root: every module logs below it
     # One handler of our own, replaced on each call so that tests capturing stderr see it.
     for handler in list(logger.handlers):
         if getattr(handler, "_trajtrack_cli", False):

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from trajtrack._exceptions import ConfigurationError, StorageNotFoundError
+import anyio
+
+from trajtrack._exceptions import ConfigurationError, StorageNotFoundError, TrackerStateError
 from trajtrack.backends import Storage
 from trajtrack.layouts.names import is_internal_path, parse_temp_path
 from trajtrack.layouts.records import RECORDS_PREFIX, decode_segment
+from trajtrack.tracker._queue import PendingQueue
+from trajtrack.tracker._worker import Spawn
 
 __all__ = [
     "DEFAULT_SHARD_MAX_AGE",
     "DEFAULT_SHARD_MAX_BYTES",
     "LayoutName",
+    "NOT_STARTED",
     "LayoutOptions",
     "existing_paths",
 ]
@@ -52,6 +57,25 @@ class LayoutOptions:
     def spool_dir_for(self, storage: Storage) -> str:
         """The local directory for spools: next to a local destination, else elsewhere."""
         return storage.spool_dir or self.spool_dir or tempfile.gettempdir()
+
+
+class _NotStarted:
+    """The layout before start(): there is nothing to write or seal."""
+
+    def start(self, spawn: Spawn, queue: PendingQueue, workers: int, stop: anyio.Event) -> None:
+        raise TrackerStateError("the tracker has not been started")
+
+    async def seal_after(self, jobs: list[Any]) -> None:
+        return None
+
+    async def seal(self) -> None:
+        return None
+
+    def discard(self) -> None:
+        return None
+
+
+NOT_STARTED = _NotStarted()
 
 
 async def existing_paths(storage: Storage) -> set[str]:

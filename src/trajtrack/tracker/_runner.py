@@ -15,12 +15,11 @@ that a hanging storage could block (a thread that cannot be cancelled) are aband
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import enum
 import logging
-import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -29,16 +28,16 @@ from trajtrack._exceptions import TrackerClosedError, TrackerFailedError, Tracke
 from trajtrack._retry import RetryPolicy
 from trajtrack.backends import Storage
 from trajtrack.layouts.names import WriterIdentity
-from trajtrack.layouts.records import DumpRecord
 from trajtrack.tracker._files import FilesLayout
-from trajtrack.tracker._layouts import LayoutOptions, existing_paths
+from trajtrack.tracker._layouts import NOT_STARTED, LayoutOptions, existing_paths
 from trajtrack.tracker._ledger import Ledger
 from trajtrack.tracker._queue import PendingQueue
 from trajtrack.tracker._recorder import Recorder
 from trajtrack.tracker._shards import ShardsLayout
-from trajtrack.tracker._stats import TrackerStatistics
+from trajtrack.tracker._stats import TrackerStatistics, statistics_of
 from trajtrack.tracker._sweep import sweep_local, sweep_stale
-from trajtrack.tracker._worker import Layout, Outcomes, Spawn
+from trajtrack.tracker._waits import finished_within, retrieve, wait_all
+from trajtrack.tracker._worker import Layout, Outcomes
 
 __all__ = ["Runner", "TrackerState"]
 
@@ -61,16 +60,15 @@ class TrackerState(enum.Enum):
     the storage (and raises the failure)."""
 
 
-class Runner:
-    """Starts, supervises and closes the background work of one tracker.
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    """A tracker's configuration, as the runner needs it.
 
-    Args:
-        url: The destination, for messages.
-        ledger: The tracker's ledger (handles, counters, failures).
+    Attributes:
         max_bytes: The pending queue's byte budget.
         max_items: Its item budget.
         workers: Upload workers.
-        writer: The tracker's writer id (records).
+        writer: The tracker's writer id (records, shard names).
         who: The tracker's process identity.
         suffix: The file suffix.
         retry: Retries of transient storage failures.
@@ -81,42 +79,38 @@ class Runner:
         layout: How dumps map onto storage files (``files`` or ``shards``, and its options).
     """
 
-    def __init__(
-        self,
-        url: str,
-        ledger: Ledger,
-        *,
-        max_bytes: int,
-        max_items: int,
-        workers: int,
-        writer: str,
-        who: WriterIdentity,
-        suffix: str,
-        retry: RetryPolicy,
-        overwrite: bool,
-        record: bool,
-        record_interval: float,
-        sweep: bool,
-        layout: LayoutOptions,
-    ) -> None:
+    max_bytes: int
+    max_items: int
+    workers: int
+    writer: str
+    who: WriterIdentity
+    suffix: str
+    retry: RetryPolicy
+    overwrite: bool
+    record: bool
+    record_interval: float
+    sweep: bool
+    layout: LayoutOptions
+
+
+class Runner:
+    """Starts, supervises and closes the background work of one tracker.
+
+    Args:
+        url: The destination, for messages.
+        ledger: The tracker's ledger (handles, counters, failures).
+        config: Everything else the tracker was configured with.
+    """
+
+    def __init__(self, url: str, ledger: Ledger, config: RunnerConfig) -> None:
         self._url = url
         self._ledger = ledger
-        self._limits = (max_bytes, max_items)
-        self._workers = workers
-        self._writer = writer
-        self._who = who
-        self._suffix = suffix
-        self._retry = retry
-        self._overwrite = overwrite
-        self._record = record
-        self._record_interval = record_interval
-        self._sweep = sweep
-        self._layout_options = layout
+        self._config = config
         self.state = TrackerState.NEW
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: PendingQueue | None = None
         self._recorder: Recorder | None = None
-        self._layout: Layout = _NOT_STARTED
+        self._layout: Layout = NOT_STARTED
         self._storage: Storage | None = None
         self._group: anyio.abc.TaskGroup | None = None
         self._task: asyncio.Task[None] | None = None
@@ -129,7 +123,7 @@ class Runner:
 
     @property
     def layout(self) -> str:
-        return self._layout_options.kind
+        return self._config.layout.kind
 
     @property
     def queue(self) -> PendingQueue:
@@ -161,53 +155,57 @@ class Runner:
     async def start(self, storage: Storage) -> None:
         """Prepare *storage*, sweep it, start the workers under the supervisor."""
         await storage.prepare()
-        spool = self._layout_options.spool_dir_for(storage)
-        if self._sweep:
-            await sweep_stale(storage, self._who)
+        spool = self._config.layout.spool_dir_for(storage)
+        if self._config.sweep:
+            await sweep_stale(storage, self._config.who)
             if storage.spool_dir is None:  # a remote destination spools on this machine
-                await anyio.to_thread.run_sync(sweep_local, spool, self._who)
+                await anyio.to_thread.run_sync(sweep_local, spool, self._config.who)
         self._loop = asyncio.get_running_loop()
         self._finished, self._stop_ticker, self._close_done = (anyio.Event() for _ in range(3))
         self._storage = storage
-        self._queue = PendingQueue(self._loop, *self._limits, self._ledger.dropped)
+        self._queue = PendingQueue(
+            self._loop, self._config.max_bytes, self._config.max_items, self._ledger.dropped
+        )
         self._recorder = Recorder(
             storage,
-            self._writer,
+            self._config.writer,
             self._ledger.counters,
-            interval=self._record_interval,
-            enabled=self._record,
+            interval=self._config.record_interval,
+            enabled=self._config.record,
         )
         outcomes = Outcomes(
             self._ledger,
             self._recorder,
             self._queue,
-            writer=self._writer,
-            who=self._who,
-            suffix=self._suffix,
+            writer=self._config.writer,
+            who=self._config.who,
+            suffix=self._config.suffix,
         )
         self._layout = await self._make_layout(storage, outcomes, spool)
         started = anyio.Event()
         self._task = self._loop.create_task(self._supervise(started), name=f"trajtrack:{self._url}")
-        self._task.add_done_callback(_retrieve)
+        self._task.add_done_callback(retrieve)
         await started.wait()
         if self._fatal is None:
             self.state = TrackerState.RUNNING
-        logger.debug("tracker started: %s (%d workers)", self._url, self._workers)
+        logger.debug("tracker started: %s (%d workers)", self._url, self._config.workers)
 
     async def _make_layout(self, storage: Storage, outcomes: Outcomes, spool: str) -> Layout:
-        options = self._layout_options
+        options = self._config.layout
         if options.kind == "files":
-            return FilesLayout(storage, outcomes, retry=self._retry, overwrite=self._overwrite)
+            return FilesLayout(
+                storage, outcomes, retry=self._config.retry, overwrite=self._config.overwrite
+            )
         return ShardsLayout(
             storage,
             outcomes,
-            retry=self._retry,
-            writer=self._writer,
-            who=self._who,
+            retry=self._config.retry,
+            writer=self._config.writer,
+            who=self._config.who,
             spool_dir=spool,
             max_bytes=options.shard_max_bytes,
             max_age=options.shard_max_age,
-            existing=None if self._overwrite else await existing_paths(storage),
+            existing=None if self._config.overwrite else await existing_paths(storage),
         )
 
     async def _supervise(self, started: anyio.Event) -> None:
@@ -222,7 +220,7 @@ class Runner:
                 def spawn(part: Callable[..., Awaitable[None]], *args: Any) -> None:
                     group.start_soon(self._guarded, part, *args)
 
-                self._layout.start(spawn, self._queue, self._workers, self._stop_ticker)
+                self._layout.start(spawn, self._queue, self._config.workers, self._stop_ticker)
                 if self._recorder.enabled:
                     spawn(self._recorder.run_ticker, self._stop_ticker)
                 started.set()
@@ -279,7 +277,7 @@ class Runner:
         waiting = self._ledger.outstanding()
         with anyio.fail_after(timeout):
             await self._layout.seal_after(waiting)
-            await _wait_all([job.future for job in waiting])
+            await wait_all([job.future for job in waiting])
             if self._fatal is not None:
                 raise self._failed_error()
             await self._recorder.write()
@@ -349,7 +347,7 @@ class Runner:
             steps.insert(0, (self._layout.seal, "seal the last shard"))
         for step, what in steps:
             try:
-                if not await _finished_within(step(), left):
+                if not await finished_within(step(), left):
                     logger.error("could not %s of %s in time", what, self._url)
             except Exception as exc:
                 logger.error("could not %s of %s: %s", what, self._url, exc)
@@ -360,7 +358,7 @@ class Runner:
     async def release(self, storage: Storage, seconds: float = 30.0) -> None:
         """Close *storage*, abandoning the wait past *seconds* (it is logged)."""
         try:
-            if not await _finished_within(storage.aclose(), seconds):
+            if not await finished_within(storage.aclose(), seconds):
                 logger.error("closing the storage of %s did not finish in time", self._url)
         except Exception as exc:
             logger.error("closing the storage of %s failed: %s", self._url, exc)
@@ -369,26 +367,8 @@ class Runner:
 
     def statistics(self) -> TrackerStatistics:
         """Counters and queue state; cheap, callable from any thread."""
-        queue = self._queue
-        counters = self._ledger.counters
-        p50, p99 = counters.percentile(0.5), counters.percentile(0.99)
-        with counters.lock:
-            return TrackerStatistics(
-                pending_items=queue.pending_items if queue else 0,
-                pending_bytes=queue.pending_bytes if queue else 0,
-                queued_items=queue.queued_items if queue else 0,
-                enqueued=counters.enqueued,
-                committed=counters.committed,
-                failed=counters.failed,
-                dropped=dict(counters.dropped),
-                retries=counters.retries,
-                bytes_written=counters.bytes_written,
-                records_written=counters.records_written,
-                commit_latency_p50=p50,
-                commit_latency_p99=p99,
-                state=self.state.value,
-                failure=None if self._fatal is None else _describe(self._fatal),
-            )
+        failure = None if self._fatal is None else _describe(self._fatal)
+        return statistics_of(self._queue, self._ledger.counters, self.state.value, failure)
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -400,68 +380,9 @@ def _leaf(exc: BaseException) -> BaseException:
     return exc
 
 
-class _NotStarted:
-    """The layout before start(): there is nothing to write or seal."""
-
-    def start(self, spawn: Spawn, queue: PendingQueue, workers: int, stop: anyio.Event) -> None:
-        raise TrackerStateError("the tracker has not been started")
-
-    async def seal_after(self, jobs: list[Any]) -> None:
-        return None
-
-    async def seal(self) -> None:
-        return None
-
-    def discard(self) -> None:
-        return None
-
-
-_NOT_STARTED = _NotStarted()
-
-
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
 def _not_written() -> TimeoutError:
     return TimeoutError("not written before the close deadline")
-
-
-def _retrieve(task: asyncio.Task[None]) -> None:
-    # The supervisor reports every failure itself; this only keeps asyncio from logging
-    # "Task exception was never retrieved" for one that went on (a cancellation).
-    if not task.cancelled():
-        task.exception()
-
-
-async def _finished_within(coro: Coroutine[Any, Any, None], seconds: float) -> bool:
-    """Run *coro* for at most *seconds*; past that, cancel it without waiting for it."""
-    task = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait({task}, timeout=seconds)
-    if not done:
-        task.cancel()  # takes effect when its blocked thread returns, if ever
-        return False
-    task.result()  # re-raise its error
-    return True
-
-
-async def _wait_all(futures: list[concurrent.futures.Future[DumpRecord]]) -> None:
-    """Wait for thread-safe futures without wrapping (and so never cancelling) each one."""
-    pending = [f for f in futures if not f.done()]
-    if not pending:
-        return
-    loop = asyncio.get_running_loop()
-    all_done = asyncio.Event()
-    left = [len(pending)]
-    lock = threading.Lock()
-
-    def one_done(_future: object) -> None:
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last and not loop.is_closed():
-            loop.call_soon_threadsafe(all_done.set)
-
-    for future in pending:
-        future.add_done_callback(one_done)
-    await all_done.wait()

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["TrackerStatistics"]
+if TYPE_CHECKING:
+    from trajtrack.tracker._ledger import Counters
+    from trajtrack.tracker._queue import PendingQueue
+
+__all__ = ["TrackerStatistics", "statistics_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +51,27 @@ class TrackerStatistics:
     @property
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
+
+
+def statistics_of(
+    queue: PendingQueue | None, counters: Counters, state: str, failure: str | None
+) -> TrackerStatistics:
+    """A :class:`TrackerStatistics` of a tracker's queue and counters, now."""
+    p50, p99 = counters.percentile(0.5), counters.percentile(0.99)
+    with counters.lock:
+        return TrackerStatistics(
+            pending_items=queue.pending_items if queue else 0,
+            pending_bytes=queue.pending_bytes if queue else 0,
+            queued_items=queue.queued_items if queue else 0,
+            enqueued=counters.enqueued,
+            committed=counters.committed,
+            failed=counters.failed,
+            dropped=dict(counters.dropped),
+            retries=counters.retries,
+            bytes_written=counters.bytes_written,
+            records_written=counters.records_written,
+            commit_latency_p50=p50,
+            commit_latency_p99=p99,
+            state=state,
+            failure=failure,
+        )

@@ -44,7 +44,7 @@ from trajtrack.tracker._tracker import Tracker
 
 __all__ = ["SyncTracker", "dump_data", "get_tracker", "is_enabled"]
 
-logger = logging.getLogger("trajtrack")
+logger = logging.getLogger(__name__)
 
 _PROGRESS_AFTER = 1.0  # seconds of silent waiting before a progress bar appears
 _CLOSE_GRACE = 5.0  # seconds past the close budget before the shim stops waiting for the tracker

@@ -16,12 +16,11 @@ drains, records and releases the storage when it closes.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Literal
 
@@ -31,10 +30,11 @@ import anyio.to_thread
 
 from trajtrack._exceptions import ConfigurationError, TrackerStateError
 from trajtrack._retry import RetryPolicy
-from trajtrack.backends import Payload, Storage, open_storage
-from trajtrack.layouts.names import WriterIdentity, check_template, render_name, validate_name
-from trajtrack.layouts.records import DumpRecord, new_writer_id
+from trajtrack.backends import Storage, open_storage
+from trajtrack.layouts.names import WriterIdentity, check_template, validate_name
+from trajtrack.layouts.records import new_writer_id
 from trajtrack.tracker._handle import DumpHandle
+from trajtrack.tracker._intake import Intake, make_job
 from trajtrack.tracker._layouts import (
     DEFAULT_SHARD_MAX_AGE,
     DEFAULT_SHARD_MAX_BYTES,
@@ -42,9 +42,8 @@ from trajtrack.tracker._layouts import (
     LayoutOptions,
 )
 from trajtrack.tracker._ledger import Ledger, add_note
-from trajtrack.tracker._payloads import BytesPayload, DeferredPayload
-from trajtrack.tracker._queue import FullPolicy, Job
-from trajtrack.tracker._runner import Runner, TrackerState
+from trajtrack.tracker._queue import FullPolicy
+from trajtrack.tracker._runner import Runner, RunnerConfig, TrackerState
 from trajtrack.tracker._serialize import Serializer, torch_save
 from trajtrack.tracker._snapshotter import Snapshotter
 from trajtrack.tracker._stats import TrackerStatistics
@@ -56,7 +55,7 @@ logger = logging.getLogger(__name__)
 ExistingPolicy = Literal["overwrite", "error"]
 
 
-class Tracker:
+class Tracker(Intake):
     """Dumps objects to a destination in the background, without blocking the event loop.
 
     Use it as ``async with Tracker(url) as t: await t.dump(obj, "step1/obs")``, or call
@@ -148,9 +147,7 @@ class Tracker:
             who=self._who,
             threads=max(2, workers),
         )
-        self._runner = Runner(
-            self._url,
-            self._ledger,
+        config = RunnerConfig(
             max_bytes=max_pending_bytes,
             max_items=max_pending_items,
             workers=workers,
@@ -164,6 +161,7 @@ class Tracker:
             sweep=sweep_stale,
             layout=LayoutOptions(layout, shard_max_bytes, shard_max_age, spool_dir),
         )
+        self._runner = Runner(self._url, self._ledger, config)
         self._serializer = serializer
         self._last_checkpoint = 0.0
 
@@ -309,7 +307,7 @@ class Tracker:
         """
         self._runner.check_running()
         path = self._path_for(name, self._who)
-        job = self._job(name, path, self._snapshots.take_here(obj))
+        job = make_job(name, path, self._snapshots.take_here(obj))
         policy = FullPolicy.RAISE if self._policy is FullPolicy.BLOCK else self._policy
         self._runner.queue.offer(job, policy)
         return self._ledger.admitted(job)
@@ -326,77 +324,10 @@ class Tracker:
                 "dump_threadsafe() was called on the tracker's own event loop: use await dump()"
             )
         path = self._path_for(name, self._who)
-        job = self._job(name, path, self._snapshots.take_here(obj))
+        job = make_job(name, path, self._snapshots.take_here(obj))
         deadline = None if timeout is None else time.monotonic() + timeout
         self._runner.queue.put_blocking(job, self._policy, deadline)
         return self._ledger.admitted(job)
-
-    async def dump_serialized(
-        self,
-        data: bytes | bytearray | memoryview,
-        name: str,
-        *,
-        writer: WriterIdentity | None = None,
-        timeout: float | None = None,
-    ) -> DumpHandle:
-        """Queue a dump another process already serialized (for adapters such as Ray's).
-
-        Args:
-            data: The serialized bytes (what the serializer would have written); not copied.
-            name: The dump name.
-            writer: The process that made the dump: the name template and the record use it
-                instead of this tracker's own identity.
-            timeout: As for :meth:`dump`.
-        """
-        self._runner.check_running()
-        who = writer or self._who
-        return await self._admit(
-            name, self._path_for(name, who), BytesPayload(data), None, timeout, who
-        )
-
-    async def dump_decoded(
-        self,
-        make: Callable[[], Any],
-        nbytes: int,
-        name: str,
-        *,
-        writer: WriterIdentity | None = None,
-    ) -> DumpHandle:
-        """Queue plain data another process sent as raw buffers (for adapters such as Ray's).
-
-        ``make()`` rebuilds the object from buffers the tracker owns (nothing is copied); the
-        upload worker calls it, in its thread, then serializes the object with the tracker's
-        serializer. *nbytes* is what the memory budget counts.
-        """
-        self._runner.check_running()
-        who = writer or self._who
-        payload = DeferredPayload(make, nbytes, serializer=self._serializer)
-        return await self._admit(name, self._path_for(name, who), payload, None, None, who)
-
-    async def _admit(
-        self,
-        name: str,
-        path: str,
-        payload: Payload,
-        policy: FullPolicy | None,
-        timeout: float | None,
-        who: WriterIdentity | None = None,
-    ) -> DumpHandle:
-        job = self._job(name, path, payload)
-        if who is not None and who is not self._who:
-            job.who = who  # the record names the process that made the dump
-        deadline = None if timeout is None else time.monotonic() + timeout
-        await self._runner.queue.put(job, policy or self._policy, deadline)
-        return self._ledger.admitted(job)
-
-    def _path_for(self, name: str, who: WriterIdentity) -> str:
-        # Validated again with the suffix: the stored file name must fit HDFS's 255 bytes.
-        return validate_name(render_name(self._template, name, who) + self._suffix)
-
-    @staticmethod
-    def _job(name: str, path: str, payload: Payload) -> Job:
-        future: concurrent.futures.Future[DumpRecord] = concurrent.futures.Future()
-        return Job(name=name, path=path, payload=payload, nbytes=payload.nbytes, future=future)
 
     # ------------------------------------------------------------------ flush, statistics
 
