@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Final, Protocol
 
-from trajtrack.tracker._crc32 import crc32_combine
+from trajtrack.tracker._crc32 import crc32_big, crc32_combine
 
 __all__ = ["PARALLEL_CRC_MIN", "ArchivePlan", "NotArchivable", "Writable"]
 
@@ -246,7 +246,7 @@ class ArchivePlan:
                     _write_all(out, view)
                     record_crc = worker.next_result()
                 else:
-                    record_crc = zlib.crc32(view)
+                    record_crc = crc32_big(view)
                     _write_all(out, view)
             if size:
                 crc = crc32_combine(crc, record_crc, size)
@@ -303,7 +303,7 @@ class _Crc32Worker:
                 return
             result: int | BaseException
             try:
-                result = zlib.crc32(view)
+                result = crc32_big(view)
             except BaseException as exc:  # handed to the writing thread, raised there
                 result = exc
             with self._ready:
