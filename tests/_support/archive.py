@@ -54,7 +54,7 @@ def load(data: bytes | Path, **kwargs: Any) -> Any:
 
 def storage_bytes(tensor: torch.Tensor) -> bytes:
     storage = tensor.untyped_storage()
-    return bytes(storage.tolist()) if storage.nbytes() else b""
+    return torch.empty(0, dtype=torch.uint8).set_(storage).numpy().tobytes()
 
 
 def assert_same(left: Any, right: Any, storages: dict[int, int], other: dict[int, int]) -> None:

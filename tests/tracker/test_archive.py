@@ -174,18 +174,39 @@ def test_big_storages_use_the_crc_thread(monkeypatch: pytest.MonkeyPatch) -> Non
     assert_loads_like_torch_save({"x": torch.arange(30.0), "y": torch.ones(2), "z": torch.ones(40)})
 
 
-def test_a_failed_write_stops_the_crc_thread() -> None:
+def test_a_failed_write_stops_the_crc_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    started, release = threading.Event(), threading.Event()
+    computed: list[int] = []
+
+    def slow_crc32(view: memoryview | bytes) -> int:
+        started.set()
+        release.wait(timeout=30)
+        computed.append(len(view))
+        return zlib.crc32(view)
+
     class Broken:
         def write(self, data: bytes | memoryview) -> int:
+            started.wait(timeout=30)  # the thread is inside its first CRC
             raise OSError("disk full")
 
-    before = threading.active_count()
+    monkeypatch.setattr(_torchzip, "crc32_big", slow_crc32)
+    obj = {f"t{i}": torch.randn(300_000) for i in range(4)}
     with pytest.raises(OSError, match="disk full"):
-        write_archive({"a": torch.randn(300_000), "b": torch.randn(300_000)}, Broken())
+        write_archive(obj, Broken())
+    release.set()
     for thread in threading.enumerate():
         if thread.name == "trajtrack-crc32":
-            thread.join(timeout=10)
-    assert threading.active_count() == before
+            thread.join(timeout=30)
+    assert len(computed) == 1  # it stopped after the CRC it was computing
+
+
+def test_a_failing_crc_reaches_the_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken_crc32(view: memoryview | bytes) -> int:
+        raise MemoryError("no memory")
+
+    monkeypatch.setattr(_torchzip, "crc32_big", broken_crc32)
+    with pytest.raises(MemoryError, match="no memory"):
+        write_archive({"t": torch.randn(300_000)}, io.BytesIO())
 
 
 def test_four_gib_is_refused() -> None:
@@ -210,35 +231,46 @@ def _with_attribute() -> torch.Tensor:
     return tensor
 
 
-REFUSED: dict[str, Any] = {  # made in the test: some warn when made
-    "meta": lambda: torch.ones(2, device="meta"),
-    "sparse": lambda: torch.ones(2, 2).to_sparse(),
-    "sparse_csr": lambda: torch.eye(3).to_sparse_csr(),
-    "quantized": lambda: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),
-    "nested": lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
-    "parameter": lambda: torch.nn.Parameter(torch.ones(2)),
-    "subclass": lambda: torch.ones(2).as_subclass(_Sub),
-    "python_attribute": _with_attribute,
-    "typed_storage": lambda: torch.ones(2).storage(),
-    "untyped_storage": lambda: torch.ones(2).untyped_storage(),
-    "zero_tensor": lambda: torch._efficientzerotensor(3),
-    "two_dtypes_one_memory": lambda: [BASE, BASE.view(torch.int32)],
-    "module": lambda: torch.nn.Linear(2, 2),
-    "lambda": lambda: {"f": lambda: 0},
-    "lock": threading.Lock,
+_NOT_PLAIN = "not a plain CPU strided one"
+REFUSED: dict[str, tuple[Any, str]] = {  # made in the test (some warn when made); the reason
+    "meta": (lambda: torch.ones(2, device="meta"), _NOT_PLAIN),
+    "sparse": (lambda: torch.ones(2, 2).to_sparse(), _NOT_PLAIN),
+    "sparse_csr": (lambda: torch.eye(3).to_sparse_csr(), _NOT_PLAIN),
+    "quantized": (
+        lambda: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),
+        _NOT_PLAIN,
+    ),
+    "nested": (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), _NOT_PLAIN),
+    "parameter": (lambda: torch.nn.Parameter(torch.ones(2)), "a Parameter"),
+    "subclass": (lambda: torch.ones(2).as_subclass(_Sub), "a _Sub"),
+    "python_attribute": (_with_attribute, _NOT_PLAIN),
+    "typed_storage": (lambda: torch.ones(2).storage(), "a TypedStorage"),
+    "untyped_storage": (lambda: torch.ones(2).untyped_storage(), "a UntypedStorage"),
+    "zero_tensor": (lambda: torch._efficientzerotensor(3), "data pointer"),
+    "two_dtypes_one_memory": (lambda: [BASE, BASE.view(torch.int32)], "two dtypes"),
+    "module": (lambda: torch.nn.Linear(2, 2), "a Parameter"),
+    "lambda": (lambda: {"f": lambda: 0}, "pickle"),
+    "lock": (threading.Lock, "TypeError"),
 }
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # beta sparse CSR, prototype nested, ...
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_what_only_torch_save_writes_is_refused_before_writing(name: str) -> None:
-    bad = REFUSED[name]()
+    make, reason = REFUSED[name]
+    bad = make()
     out = _Trickle(1 << 30)
-    with pytest.raises(NotArchivable):
+    with pytest.raises(NotArchivable, match=reason):
         write_archive({"ok": torch.ones(2), "bad": [bad]}, out)
     assert out.chunks == []
     assert serialize_plain({"bad": bad}, out) is None
     assert out.chunks == []
+
+
+def test_the_layout_cache_stays_small() -> None:
+    for length in range(_torchzip._LAYOUTS_KEPT + 10):
+        archive_plan({"x": torch.ones(length)})
+    assert 0 < len(_torchzip._layouts) <= _torchzip._LAYOUTS_KEPT
 
 
 @dataclasses.dataclass

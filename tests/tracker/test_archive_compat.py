@@ -61,7 +61,7 @@ import hashlib, json, sys, torch, numpy as np
 def digest(obj, storages):
     if isinstance(obj, torch.Tensor):
         storage = obj.untyped_storage()
-        raw = bytes(storage.tolist()) if storage.nbytes() else b""
+        raw = torch.empty(0, dtype=torch.uint8).set_(storage).numpy().tobytes()
         key = storages.setdefault(storage.data_ptr(), len(storages))
         return ["tensor", str(obj.dtype), list(obj.shape), list(obj.stride()),
                 obj.storage_offset(), obj.requires_grad, obj.is_conj(), obj.is_neg(),
