@@ -24,7 +24,13 @@ reproduce exactly raises :class:`NotArchivable`, always before the first byte is
 the caller can fall back to ``torch.save``: tensor subclasses (``nn.Parameter`` included),
 tensors that are not CPU strided ones (CUDA, meta, sparse, quantized, nested), tensors with
 Python attributes, torch storages, views of one memory with two dtypes, archives of 4 GiB or
-more (which would need zip64 records).
+more (which would need zip64 records). Anything else (a dataclass holding tensors, a set) is
+accepted, as its pickle is ``torch.save``'s byte for byte.
+
+Building the plan never releases the GIL: it reads tensor attributes and makes numpy views of
+storage memory, and calls no torch operator (those release it; see ``_snapshot._small_copy``
+for what that costs a caller in a busy process). Writing releases it in ``write`` and
+``zlib.crc32``, as any file write does.
 """
 
 from __future__ import annotations
@@ -57,12 +63,13 @@ _V2_STORAGES: Final = {  # the dtypes torch pickles as a typed storage (_rebuild
     torch.complex64: torch.ComplexFloatStorage,
 }
 # The dtypes torch pickles as an untyped storage (_rebuild_tensor_v3). Which they are depends
-# on the torch version (uint16 is one since 2.5; torch 2.4 cannot save it at all), and only
-# this private function of torch says; tests pin it. Without it, such tensors fall back.
+# on the torch version (uint16 is one in 2.13; torch 2.4 cannot save it at all), and only this
+# private function of torch says; tests pin it. Without it, such tensors fall back.
 _V3_DTYPES: Final[frozenset[torch.dtype]] = frozenset(
     getattr(torch.storage, "_new_dtypes", frozenset)()
 )
-_HAS_NAMES: Final = hasattr(torch.Tensor, "has_names")  # named tensors: torch < 2.12
+_HAS_NAMES: Final = hasattr(torch.Tensor, "has_names")  # named tensors (2.4 has them, 2.13 not)
+# The format's own globals (pickled by name, like torch.save pickles them).
 _REBUILD_V2: Final = torch._utils._rebuild_tensor_v2
 _REBUILD_V3: Final = torch._utils._rebuild_tensor_v3
 _REFUSED: Final = (torch.Tensor, torch.storage.TypedStorage, torch.UntypedStorage)

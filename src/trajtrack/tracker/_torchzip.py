@@ -10,11 +10,13 @@ headers have zero CRC and sizes, and a data descriptor after the data carries th
 purpose flag bit 3), except for empty records, which have neither. torch's reader, Python's
 ``zipfile`` and torch's older readers all accept this: it is what torch writes.
 
-The CRC-32 of each storage is computed once: by ``zlib.crc32`` (which releases the GIL) in a
-helper thread for big storages, while the caller's thread writes the same bytes; the file's
-CRC-32 is then combined from the pieces' CRCs (:func:`crc32_combine`) rather than read again.
-Archives of 4 GiB or more would need zip64 extra fields: they are refused (the caller falls
-back to ``torch.save``).
+The CRC-32 of each storage is computed once, and the file's CRC-32 is combined from the
+pieces' CRCs (:func:`crc32_combine`) rather than read again. Storages of 1 MiB or more get
+theirs from a helper thread (:data:`crc32_big`, zlib's or ISA-L's, releases the GIL) while the
+writing thread writes the same memory; smaller ones in the writing thread. Only headers and a
+pickle of up to 64 KiB are read a second time, which is cheaper than combining. Archives of
+4 GiB or more would need zip64 extra fields: they are refused (the caller falls back to
+``torch.save``).
 """
 
 from __future__ import annotations
@@ -199,8 +201,9 @@ class ArchivePlan:
     def write_to(self, out: Writable) -> tuple[int, str]:
         """Write the archive to *out*: ``(size, "crc32:<8 hex>")`` of the bytes written.
 
-        *out* needs only ``write`` (no ``seek``, no ``tell``). Each storage is read twice at the
-        same time, once by ``write`` and once by ``zlib.crc32``, and never again.
+        *out* needs only ``write`` (no ``seek``, no ``tell``); a short count from a raw file is
+        written on. Each storage is read by ``write`` and by the CRC, at the same time for big
+        ones, and never again.
         """
         sizes = self._layout.sizes
         big = [
