@@ -10,11 +10,14 @@ of the other benchmarks), best of several interleaved rounds of:
   and into memory;
 * a raw ``write()`` of the archive's bytes into a file: the bound.
 
+Wall time per dump (best round) and the CPU time of all threads (the CRC helper's included).
+
 Files are new ones in a scratch directory (unlinked between dumps, outside the timing), with
 no fsync, like the tracker's default. Also the cost of one ``crc32_combine`` per length.
 
-Run: ``python benchmarks/bench_archive.py [--quick]``. Prints tables, writes
-``benchmarks/results/archive.json``.
+Run: ``python benchmarks/bench_archive.py [--quick] [--only PAYLOAD ...]``. Prints tables,
+writes ``benchmarks/results/archive.json``. ``--loop SECONDS`` only writes the small dump into
+memory, over and over, for a sampling profiler (``py-spy record --format raw``).
 """
 
 from __future__ import annotations
@@ -94,25 +97,25 @@ def _one(writer: str, obj: Any, data: bytes, path: Path) -> Callable[[], None]:
     return to_file
 
 
-def measure(writer: str, obj: Any, data: bytes, n: int, scratch: Path) -> float:
-    """Seconds per dump over *n* dumps (files unlinked outside the timing)."""
+def measure(writer: str, obj: Any, data: bytes, n: int, scratch: Path) -> tuple[float, float]:
+    """Seconds per dump over *n* dumps, wall and CPU (files unlinked outside the timing)."""
     paths = [scratch / f"{writer}-{i}.pt" for i in range(n)]
     calls = [_one(writer, obj, data, path) for path in paths]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()  # CPU: all threads, the CRC's too
     for call in calls:
         call()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     for path in paths:
         if path.exists():
             path.unlink()
-    return elapsed / n
+    return elapsed / n, cpu / n
 
 
 def bench_payload(name: str, obj: Any, n: int, rounds: int, scratch: Path) -> dict[str, Any]:
     data = io.BytesIO()
     size, _ = write_archive(obj, data)
     assert len(data.getvalue()) == size
-    samples: dict[str, list[float]] = {writer: [] for writer in WRITERS}
+    samples: dict[str, list[tuple[float, float]]] = {writer: [] for writer in WRITERS}
     measure("raw", obj, data.getvalue(), 1, scratch)  # warm the page cache's free pages
     for round_ in range(rounds):
         # Rotate the order per round, so that no writer always follows the same one.
@@ -121,10 +124,11 @@ def bench_payload(name: str, obj: Any, n: int, rounds: int, scratch: Path) -> di
             samples[writer].append(measure(writer, obj, data.getvalue(), n, scratch))
     result: dict[str, Any] = {"bytes": size, "dumps_per_round": n, "rounds": rounds}
     for writer, values in samples.items():
-        best = min(values)
+        best = min(wall for wall, _ in values)
         result[writer] = {
             "best_us": best * 1e6,
-            "median_us": statistics.median(values) * 1e6,
+            "median_us": statistics.median(wall for wall, _ in values) * 1e6,
+            "cpu_us": min(cpu for _, cpu in values) * 1e6,
             "dumps_per_s": 1 / best,
             "mb_per_s": size / best / 1e6,
         }
@@ -170,14 +174,25 @@ def report(results: dict[str, Any]) -> None:
                     name,
                     LABELS[writer],
                     f"{m['best_us']:.1f}",
+                    f"{m['cpu_us']:.1f}",
                     f"{m['dumps_per_s']:.0f}",
                     f"{m['mb_per_s']:.0f}",
                     f"{same_place / m['best_us']:.2f}x",
                     "" if "memory" in writer else f"{raw / m['best_us']:.0%}",
                 ]
             )
-    header = ["payload", "writer", "us/dump", "dumps/s", "MB/s", "vs torch.save", "vs raw"]
-    print("\nOne dump, best of the rounds (vs torch.save: to the same kind of destination)")
+    header = [
+        "payload",
+        "writer",
+        "us/dump",
+        "cpu us",
+        "dumps/s",
+        "MB/s",
+        "vs torch.save",
+        "vs raw",
+    ]
+    print("\nOne dump, best of the rounds (vs torch.save: to the same kind of destination;")
+    print("cpu us: CPU time of all the process's threads per dump, best round)")
     print(table(rows, header))
     combine = results["crc32_combine_us"]
     cost = ", ".join(f"{length} B {us:.2f}" for length, us in combine.items())
@@ -194,8 +209,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     parser.add_argument("--scratch", type=Path, default=None, help="directory for the files")
     parser.add_argument("--only", nargs="+", default=None, help="payloads to measure, by name")
+    parser.add_argument(
+        "--loop", type=float, default=None, help="only write the small dump for SECONDS (profile)"
+    )
     args = parser.parse_args()
     objects = payloads()
+    if args.loop is not None:
+        # For a sampling profiler: py-spy record --format raw -o p.txt -- python ... --loop 15
+        small, end = objects["int+1000 floats"], time.monotonic() + args.loop
+        while time.monotonic() < end:
+            write_archive(small, io.BytesIO())
+        return
     chosen = {name: n for name, n in plan(args.quick).items() if name in (args.only or objects)}
     with tempfile.TemporaryDirectory(dir=args.scratch, prefix="trajtrack-bench-archive-") as tmp:
         scratch = Path(tmp)

@@ -52,6 +52,9 @@ def test_a_users_torch_save_in_other_threads_is_unchanged() -> None:
 
 # --------------------------------------------------------------------------- older torch
 
+# The python of a virtual environment with an older torch, e.g. the declared minimum:
+#   python3 -m venv /tmp/t24 && /tmp/t24/bin/pip install torch==2.4.1 "numpy<2"
+# (PyPI's wheel is a CUDA build: it pulls the nvidia-* wheels, ~5 GB, and imports without a GPU.)
 _OLD_TORCH = os.environ.get("TRAJTRACK_OLD_TORCH_PYTHON")
 
 # Runs in the other interpreter: loads each file, prints a digest of what it loaded.
