@@ -11,7 +11,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -22,8 +21,8 @@ from _support.archive import (
     archive_bytes,
     assert_loads_like_torch_save,
     assert_same,
+    assert_same_as_torch_save,
     load,
-    mask_serialization_id,
     tensor_of,
     torch_bytes,
 )
@@ -53,7 +52,8 @@ def test_the_dtype_tables_are_torchs() -> None:
     assert {dtype: cls.__name__ for dtype, cls in _archive._V2_STORAGES.items()} == plain
     assert torch.storage._new_dtypes() == _archive._V3_DTYPES
     assert torch.serialization.DEFAULT_PROTOCOL == _archive._PROTOCOL
-    assert torch.serialization._get_storage_alignment() == _torchzip._ALIGNMENT
+    alignment = getattr(torch.serialization, "_get_storage_alignment", lambda: 64)()  # 2.4: none
+    assert alignment == _torchzip._ALIGNMENT
 
 
 # --------------------------------------------------------------------------- zip and CRC
@@ -104,7 +104,7 @@ def test_given_serialization_id() -> None:
 
 
 def test_mmap_load_and_file_output(tmp_path: Path) -> None:
-    obj = {"big": torch.randn(3, 5000), "small": torch.arange(7), "np": np.arange(3)}
+    obj = {"big": torch.randn(3, 5000), "small": torch.arange(7), "view": torch.ones(9)[2:]}
     path = tmp_path / "dump.pt"
     with open(path, "wb") as handle:
         size, checksum = write_archive(obj, handle)
@@ -283,7 +283,7 @@ def test_other_objects_are_pickled_as_torch_save_pickles_them() -> None:
     # Not plain data, but nothing in it needs torch.save's handling: identical bytes.
     obj = {"record": _Record(torch.ones(3), "x"), "set": {1, 2}, "bytearray": bytearray(b"ab")}
     ours, _, _ = archive_bytes(obj)
-    assert mask_serialization_id(ours) == mask_serialization_id(torch_bytes(obj))
+    assert_same_as_torch_save(ours, torch_bytes(obj))
 
 
 def test_serialize_plain() -> None:
@@ -293,4 +293,4 @@ def test_serialize_plain() -> None:
     assert result == (len(buffer.getvalue()), f"crc32:{zlib.crc32(buffer.getvalue()):08x}")
     reference = io.BytesIO()
     torch_save(obj, reference)
-    assert mask_serialization_id(buffer.getvalue()) == mask_serialization_id(reference.getvalue())
+    assert_same_as_torch_save(buffer.getvalue(), reference.getvalue())
