@@ -103,6 +103,14 @@ def test_given_serialization_id() -> None:
     )
 
 
+def test_an_empty_serialization_id() -> None:
+    buffer = io.BytesIO()
+    size, _ = write_archive({"x": torch.ones(2)}, buffer, serialization_id="")
+    archive = zipfile.ZipFile(buffer)
+    assert archive.read("archive/.data/serialization_id") == b""
+    assert archive.testzip() is None and size == len(buffer.getvalue())
+
+
 def test_mmap_load_and_file_output(tmp_path: Path) -> None:
     obj = {"big": torch.randn(3, 5000), "small": torch.arange(7), "view": torch.ones(9)[2:]}
     path = tmp_path / "dump.pt"

@@ -267,7 +267,9 @@ class ArchivePlan:
         layout = self._layout
         crc = zlib.crc32(layout.id_header, zlib.crc32(layout.version, crc))
         # Derived from everything before it, so the same content gives the same id.
-        identifier = self._fixed_id or b"%020d%020d" % (crc, layout.nbytes)
+        identifier = self._fixed_id
+        if identifier is None:
+            identifier = b"%020d%020d" % (crc, layout.nbytes)
         id_crc = zlib.crc32(identifier)
         rest = b"".join(
             (
