@@ -91,3 +91,28 @@ def test_targets_are_checked_against_the_figures_of_the_run() -> None:
     assert by_name["dump() p50, process without Ray, vs verl"]["measured"] == 125.0
     assert by_name["event-loop max lag, 256 MB dumps (ms, worst)"]["met"] is False
     assert by_name["128 MB MB/s vs raw WebHDFS write"]["met"] is None  # not measured
+
+
+def test_archive_benchmark_quick_smoke_run(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_archive.py"),
+            "--quick",
+            "--only",
+            "int+1000 floats",
+            "1MB",
+            "--scratch",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "TRAJTRACK_BENCH_RESULTS": str(tmp_path / "results")},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "write_archive -> BytesIO" in done.stdout
+    result = json.loads((tmp_path / "results" / "archive-quick.json").read_text())
+    assert set(result["payloads"]) == {"int+1000 floats", "1MB"}
+    assert result["payloads"]["1MB"]["raw"]["dumps_per_s"] > 0

@@ -11,7 +11,9 @@ from typing import Any, BinaryIO
 
 import torch
 
-__all__ = ["Serializer", "torch_save"]
+from trajtrack.tracker._archive import NotArchivable, Writable, archive_plan
+
+__all__ = ["Serializer", "serialize_plain", "torch_save"]
 
 Serializer = Callable[[Any, BinaryIO], None]
 """``serializer(obj, binary_file)``: writes *obj* into the file."""
@@ -38,3 +40,17 @@ class _CpuPickleModule:
 def torch_save(obj: Any, out: BinaryIO) -> None:
     """The default serializer: ``torch.save`` with tensors moved to the CPU."""
     torch.save(obj, out, pickle_module=_CpuPickleModule)
+
+
+def serialize_plain(obj: Any, out: Writable) -> tuple[int, str] | None:
+    """Write *obj* in torch's format without ``torch.save``: ``(size, "crc32:<8 hex>")``.
+
+    ``None`` when the archive writer cannot reproduce ``torch.save`` for *obj* (a CUDA tensor,
+    a tensor subclass, ...; see :mod:`trajtrack.tracker._archive`): nothing was written then,
+    and the caller serializes with :func:`torch_save` instead.
+    """
+    try:
+        plan = archive_plan(obj)
+    except NotArchivable:
+        return None
+    return plan.write_to(out)

@@ -1,0 +1,43 @@
+"""CRC-32 of a concatenation from its parts' CRCs, against zlib."""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+import pytest
+
+from trajtrack.tracker._crc32 import crc32_big, crc32_combine, crc32_shift
+
+
+@pytest.mark.parametrize("length", [0, 1, 2, 3, 511, 4000, 4096, 65537, 2**20 + 3])
+def test_crc32_combine_matches_zlib(length: int) -> None:
+    rng = random.Random(length)
+    for prefix_length in (0, 1, 7, 1000):
+        prefix = rng.randbytes(prefix_length)
+        data = rng.randbytes(length)
+        combined = crc32_combine(zlib.crc32(prefix), zlib.crc32(data), length)
+        assert combined == zlib.crc32(prefix + data)
+
+
+def test_crc32_combine_of_many_pieces() -> None:
+    rng = random.Random(1)
+    pieces = [rng.randbytes(rng.randrange(0, 3000)) for _ in range(50)]
+    crc = 0
+    for piece in pieces:
+        crc = crc32_combine(crc, zlib.crc32(piece), len(piece))
+    assert crc == zlib.crc32(b"".join(pieces))
+
+
+def test_crc32_shift_bounds() -> None:
+    with pytest.raises(ValueError, match=">= 0"):
+        crc32_shift(1, -1)
+    with pytest.raises(ValueError, match="2\\*\\*64"):
+        crc32_shift(1, 2**64)
+    assert crc32_shift(0x12345678, 0) == 0x12345678
+
+
+def test_crc32_big_is_zlibs() -> None:
+    data = random.Random(2).randbytes(100_003)
+    assert crc32_big(data) == zlib.crc32(data)
+    assert crc32_big(memoryview(data)[7:]) == zlib.crc32(data[7:])
