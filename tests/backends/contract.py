@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from trajtrack import DumpExistsError, StorageNotFoundError
-from trajtrack.backends import Storage
+from trajtrack.backends import Storage, WriteResult
 from trajtrack.backends._protocol import checksum_of
 from trajtrack.layouts.names import (
     WriterIdentity,
@@ -109,6 +109,31 @@ class StorageContract:
         assert parse_temp_path(temp) == ("somehost", 4242)
         assert not is_internal_path("t/other.pth")
         assert parse_temp_path("t/other.pth") is None
+
+    async def test_write_many_reports_each_item_on_its_own(self, storage: Storage) -> None:
+        items = [
+            ("m/a.pth", BytesPayload(b"aa")),
+            ("m/boom.pth", _Exploding()),
+            ("m/b.pth", BytesPayload(b"bbb")),
+        ]
+        seen: list[tuple[int, object]] = []
+        outcomes = await storage.write_atomic_many(
+            items, overwrite=True, done=lambda i, outcome: seen.append((i, outcome))
+        )
+        assert [type(o).__name__ for o in outcomes] == [
+            "WriteResult",
+            "RuntimeError",
+            "WriteResult",
+        ]
+        assert outcomes[0] == WriteResult(2, checksum_of(b"aa"))
+        assert outcomes[2] == WriteResult(3, checksum_of(b"bbb"))
+        assert sorted(seen, key=lambda pair: pair[0]) == list(enumerate(outcomes))
+        assert {i.path for i in await storage.list("m")} == {"m/a.pth", "m/b.pth"}
+        refused = await storage.write_atomic_many(
+            [("m/a.pth", BytesPayload(b"x"))], overwrite=False
+        )
+        assert isinstance(refused[0], DumpExistsError)
+        assert await storage.read("m/a.pth") == b"aa"
 
     async def test_ranged_reads(self, storage: Storage) -> None:
         data = bytes(range(256)) * 4096  # 1 MiB

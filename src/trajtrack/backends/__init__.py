@@ -18,18 +18,21 @@ from trajtrack.backends._protocol import (
     BytesPayload,
     ChecksumWriter,
     FileInfo,
+    ItemDone,
     Payload,
     Storage,
     WriteResult,
     check_range,
     check_relative,
     checksum_of,
+    write_payload,
 )
 
 __all__ = [
     "BytesPayload",
     "ChecksumWriter",
     "FileInfo",
+    "ItemDone",
     "Payload",
     "Storage",
     "StorageFactory",
@@ -40,6 +43,7 @@ __all__ = [
     "open_storage",
     "register_backend",
     "scheme_of",
+    "write_payload",
 ]
 
 StorageFactory = Callable[..., Storage]

@@ -23,7 +23,7 @@ from hdfs.client import Client
 from hdfs.util import HdfsError
 
 from trajtrack._exceptions import MissingDependencyError, StorageError, StorageNotFoundError
-from trajtrack.backends._protocol import ChecksumWriter, Payload, WriteResult
+from trajtrack.backends._protocol import Payload, WriteResult, write_payload
 from trajtrack.backends._webhdfs_errors import translate
 
 __all__ = ["Body", "ClientPool", "Session", "Spool", "Spools", "call", "file_status"]
@@ -110,13 +110,12 @@ class Spools:
             else tempfile.TemporaryFile(dir=self._directory, prefix="trajtrack-webhdfs-")  # noqa: SIM115
         )
         try:
-            writer = ChecksumWriter(file)  # type: ignore[arg-type]  # any binary file
-            payload.write_to(writer)  # type: ignore[arg-type]  # a minimal BinaryIO
+            result = write_payload(payload, file)  # type: ignore[arg-type]  # any binary file
             file.flush()
         except BaseException:
             file.close()
             raise
-        return Spool(file, writer.result())
+        return Spool(file, result)
 
     def keep(self, payload: Payload, spool: Spool) -> None:
         """Keep *spool* for a retry of *payload*."""

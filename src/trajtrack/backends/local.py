@@ -18,7 +18,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -32,12 +32,13 @@ from trajtrack._exceptions import (
     StoragePermissionError,
 )
 from trajtrack.backends._protocol import (
-    ChecksumWriter,
     FileInfo,
+    ItemDone,
     Payload,
     WriteResult,
     check_range,
     check_relative,
+    write_payload,
 )
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
@@ -171,6 +172,30 @@ class LocalStorage:
     async def write_atomic(self, path: str, payload: Payload, *, overwrite: bool) -> WriteResult:
         return await anyio.to_thread.run_sync(self._write_sync, path, payload, overwrite)
 
+    async def write_atomic_many(
+        self,
+        items: Sequence[tuple[str, Payload]],
+        *,
+        overwrite: bool,
+        done: ItemDone | None = None,
+    ) -> builtins.list[WriteResult | Exception]:
+        return await anyio.to_thread.run_sync(self._write_many_sync, items, overwrite, done)
+
+    def _write_many_sync(
+        self, items: Sequence[tuple[str, Payload]], overwrite: bool, done: ItemDone | None
+    ) -> builtins.list[WriteResult | Exception]:
+        outcomes: builtins.list[WriteResult | Exception] = []
+        for index, (path, payload) in enumerate(items):
+            outcome: WriteResult | Exception
+            try:
+                outcome = self._write_sync(path, payload, overwrite)
+            except Exception as exc:  # this item's outcome; the others go on
+                outcome = exc
+            outcomes.append(outcome)
+            if done is not None:
+                done(index, outcome)
+        return outcomes
+
     def _write_sync(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
         final = self._resolve(path)
         *parents, name = path.split("/")
@@ -210,12 +235,11 @@ class LocalStorage:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | _NOFOLLOW
         fd = os.open(temp, flags, self._file_mode, dir_fd=directory)
         with os.fdopen(fd, "wb", buffering=_WRITE_BUFFER) as handle:
-            writer = ChecksumWriter(handle)
-            payload.write_to(writer)  # type: ignore[arg-type]  # a minimal BinaryIO
+            result = write_payload(payload, handle)
             handle.flush()
             if self._fsync:
                 os.fsync(handle.fileno())
-        return writer.result()
+        return result
 
     def _publish(self, directory: int, temp: str, name: str, overwrite: bool) -> None:
         if overwrite:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 from urllib.parse import urlsplit
 
@@ -18,12 +18,13 @@ import anyio.to_thread
 
 from trajtrack._exceptions import DumpExistsError, StorageNotFoundError
 from trajtrack.backends._protocol import (
-    ChecksumWriter,
     FileInfo,
+    ItemDone,
     Payload,
     WriteResult,
     check_range,
     check_relative,
+    write_payload,
 )
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
 
@@ -98,11 +99,34 @@ class MemoryStorage:
     async def write_atomic(self, path: str, payload: Payload, *, overwrite: bool) -> WriteResult:
         return await anyio.to_thread.run_sync(self._write_sync, path, payload, overwrite)
 
+    async def write_atomic_many(
+        self,
+        items: Sequence[tuple[str, Payload]],
+        *,
+        overwrite: bool,
+        done: ItemDone | None = None,
+    ) -> list[WriteResult | Exception]:
+        return await anyio.to_thread.run_sync(self._write_many_sync, items, overwrite, done)
+
+    def _write_many_sync(
+        self, items: Sequence[tuple[str, Payload]], overwrite: bool, done: ItemDone | None
+    ) -> list[WriteResult | Exception]:
+        outcomes: list[WriteResult | Exception] = []
+        for index, (path, payload) in enumerate(items):
+            outcome: WriteResult | Exception
+            try:
+                outcome = self._write_sync(path, payload, overwrite)
+            except Exception as exc:  # this item's outcome; the others go on
+                outcome = exc
+            outcomes.append(outcome)
+            if done is not None:
+                done(index, outcome)
+        return outcomes
+
     def _write_sync(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
         self._check("write", path)
         buffer = _Buffer()
-        writer = ChecksumWriter(buffer)  # type: ignore[arg-type]  # a minimal BinaryIO
-        payload.write_to(writer)  # type: ignore[arg-type]
+        result = write_payload(payload, buffer)  # type: ignore[arg-type]  # a minimal BinaryIO
         data = b"".join(buffer.chunks)
         self._check("commit", path)
         key = self._key(path)
@@ -110,7 +134,7 @@ class MemoryStorage:
             if not overwrite and key in self._files:
                 raise DumpExistsError(f"{self._url}/{path} exists (existing-name policy 'error')")
             self._files[key] = (data, time.time())
-        return writer.result()
+        return result
 
     async def read(self, path: str) -> bytes:
         await anyio.to_thread.run_sync(self._check, "read", path)

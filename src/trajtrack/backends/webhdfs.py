@@ -41,6 +41,7 @@ from trajtrack._retry import RetryPolicy, retry_sync
 from trajtrack.backends._hadoop_conf import WebHdfsTarget, resolve_target
 from trajtrack.backends._protocol import (
     FileInfo,
+    ItemDone,
     Payload,
     WriteResult,
     check_range,
@@ -210,6 +211,31 @@ class WebHdfsStorage:
 
     async def write_atomic(self, path: str, payload: Payload, *, overwrite: bool) -> WriteResult:
         return await self._run(self._write_sync, path, payload, overwrite)
+
+    async def write_atomic_many(
+        self,
+        items: Sequence[tuple[str, Payload]],
+        *,
+        overwrite: bool,
+        done: ItemDone | None = None,
+    ) -> builtins.list[WriteResult | Exception]:
+        # Each file is several requests of its own: concurrently, as many as the limiter lets.
+        outcomes: builtins.list[WriteResult | Exception] = [RuntimeError("not written")] * len(
+            items
+        )
+
+        async def one(index: int, path: str, payload: Payload) -> None:
+            try:
+                outcomes[index] = await self.write_atomic(path, payload, overwrite=overwrite)
+            except Exception as exc:  # this item's outcome; the others go on
+                outcomes[index] = exc
+            if done is not None:
+                done(index, outcomes[index])
+
+        async with anyio.create_task_group() as group:
+            for index, (path, payload) in enumerate(items):
+                group.start_soon(one, index, path, payload)
+        return outcomes
 
     def _write_sync(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
         spool = self._spools.get(payload)

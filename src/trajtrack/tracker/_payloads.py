@@ -24,9 +24,9 @@ from collections.abc import Callable
 from typing import Any, BinaryIO, Final
 
 from trajtrack._exceptions import SerializationError
-from trajtrack.backends import BytesPayload, ChecksumWriter
+from trajtrack.backends import BytesPayload, ChecksumWriter, WriteResult
 from trajtrack.tracker._forkgate import FORK_GATE
-from trajtrack.tracker._serialize import Serializer, torch_save
+from trajtrack.tracker._serialize import Serializer, serialize_plain, torch_save
 
 __all__ = [
     "SPOOL_MEMORY_LIMIT",
@@ -70,8 +70,23 @@ class ObjectPayload:
         self._cuda_events = []
         return self.obj
 
-    def write_to(self, out: BinaryIO) -> None:
+    def write_counted(self, out: BinaryIO) -> WriteResult | None:
+        """With the default serializer, write torch's format with the archive writer.
+
+        It computes each tensor's CRC-32 once and the file's from those, and skips
+        ``torch.save``'s per-call setup (see :mod:`trajtrack.tracker._archive`). ``None``
+        (nothing written) for a custom serializer, or an object only ``torch.save`` writes.
+        """
         self.materialize()
+        if self.serializer is not torch_save:
+            return None
+        with FORK_GATE.torch_work():
+            written = serialize_plain(self.obj, out)
+        return None if written is None else WriteResult(*written)
+
+    def write_to(self, out: BinaryIO) -> None:
+        if self.write_counted(out) is not None:
+            return  # the same bytes, whichever way a backend asks for them
         try:
             with FORK_GATE.torch_work():
                 self.serializer(self.obj, out)
@@ -185,9 +200,7 @@ def serialize_to_file(obj: Any, serializer: Serializer, path: str) -> FilePayloa
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     try:
         with os.fdopen(os.open(path, flags, 0o600), "wb", buffering=_COPY_CHUNK) as handle:
-            writer = ChecksumWriter(handle)
-            with FORK_GATE.torch_work():
-                serializer(obj, writer)  # type: ignore[arg-type]  # a minimal BinaryIO
+            written = _serialize_counted(obj, serializer, handle)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -196,7 +209,18 @@ def serialize_to_file(obj: Any, serializer: Serializer, path: str) -> FilePayloa
         raise SerializationError(
             f"could not serialize {type(obj).__name__} for the dump: {exc}"
         ) from exc
-    return FilePayload(path, writer.size, writer.checksum)
+    return FilePayload(path, *written)
+
+
+def _serialize_counted(obj: Any, serializer: Serializer, out: BinaryIO) -> tuple[int, str]:
+    with FORK_GATE.torch_work():
+        if serializer is torch_save:  # the archive writer counts as it writes: one CRC pass
+            written = serialize_plain(obj, out)
+            if written is not None:
+                return written
+        writer = ChecksumWriter(out)
+        serializer(obj, writer)  # type: ignore[arg-type]  # a minimal BinaryIO
+    return writer.size, writer.checksum
 
 
 def serialize_to_spool(

@@ -33,7 +33,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from trajtrack._exceptions import DumpExistsError, SerializationError
 from trajtrack._retry import RetryPolicy, retry_async
-from trajtrack.backends import ChecksumWriter, Storage
+from trajtrack.backends import Storage, write_payload
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
 from trajtrack.layouts.shards import (
     END_OF_ARCHIVE,
@@ -93,16 +93,15 @@ class _Shard:
 
     def _append_small(self, job: Job) -> _Member:
         buffer = io.BytesIO()
-        writer = ChecksumWriter(buffer)
-        job.payload.write_to(writer)
-        data = buffer.getbuffer()
-        header = member_header(job.path, writer.size, time.time())
+        written = write_payload(job.payload, buffer)
+        size = written.size
+        header = member_header(job.path, size, time.time())
         self.file.write(header)
-        self.file.write(data)
-        self.file.write(padding(writer.size))
+        self.file.write(buffer.getbuffer())
+        self.file.write(padding(size))
         offset = self.size + len(header)
-        self.size = offset + writer.size + len(padding(writer.size))
-        return _Member(job, offset, writer.size, writer.checksum)
+        self.size = offset + size + len(padding(size))
+        return _Member(job, offset, size, written.checksum)
 
     def _append_streamed(self, job: Job) -> _Member:
         # A large payload streams straight into the shard; its header, which holds its size,
@@ -110,16 +109,15 @@ class _Shard:
         reserved = header_size(job.path)
         offset = self.size + reserved
         self.file.seek(offset)
-        writer = ChecksumWriter(self.file)
-        job.payload.write_to(writer)
-        self.file.write(padding(writer.size))
+        written = write_payload(job.payload, self.file)
+        self.file.write(padding(written.size))
         self.file.flush()
-        header = member_header(job.path, writer.size, time.time())
+        header = member_header(job.path, written.size, time.time())
         if len(header) != reserved:
             raise ShardFormatError(f"{job.path}: the member header changed size")
         os.pwrite(self.file.fileno(), header, self.size)
-        self.size = offset + writer.size + len(padding(writer.size))
-        return _Member(job, offset, writer.size, writer.checksum)
+        self.size = offset + written.size + len(padding(written.size))
+        return _Member(job, offset, written.size, written.checksum)
 
     def finish(self) -> None:
         """End the archive and close the spool file (blocking)."""
