@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterator
 
 import pytest
+from blockbuster import blockbuster_ctx
 
 from _support.hdfs_cluster import hdfs_cluster  # noqa: F401  (a session fixture)
 from trajtrack.backends.memory import MemoryStorage
@@ -30,6 +32,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+# Calls trajtrack may make on the event loop although blockbuster counts them as blocking.
+# Each is bounded and short by construction; keep this list short and say why for each.
+BLOCKING_ALLOWED: tuple[tuple[str, str], ...] = (
+    # The sweep asks whether a dead writer's pid is alive: one kill(pid, 0), no waiting.
+    ("trajtrack/tracker/_sweep.py", "process_alive"),
+    # A local destination is made absolute when the storage object is made: one getcwd().
+    ("trajtrack/backends/local.py", "__init__"),
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_blocking_on_the_loop(request: pytest.FixtureRequest) -> Iterator[None]:
+    """In every async test, a blocking call that trajtrack makes on the event loop fails it.
+
+    Only calls from trajtrack's own modules count (tests may block as they like); the
+    blocking work trajtrack does belongs in worker threads, where blockbuster allows it.
+    """
+    if not inspect.iscoroutinefunction(request.function):
+        yield
+        return
+    with blockbuster_ctx("trajtrack") as buster:
+        for function in buster.functions.values():
+            for filename, name in BLOCKING_ALLOWED:
+                function.can_block_in(filename, name)
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,7 @@ import os
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,3 +143,53 @@ async def test_read_only_destination(tmp_path: Path) -> None:
     dest.chmod(0o555)
     with pytest.raises(StoragePermissionError):
         await LocalStorage(str(dest)).prepare()
+
+
+class _Observing:
+    """A payload that looks at its directory while it is being written."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.seen: list[str] = []
+        self.nbytes = 5
+
+    def write_to(self, out: Any) -> None:
+        out.write(b"12")
+        self.seen = sorted(p.name for p in self.directory.iterdir())
+        out.write(b"345")
+
+
+async def test_a_write_goes_to_a_hidden_temporary_name_then_is_renamed(tmp_path: Path) -> None:
+    storage = LocalStorage(str(tmp_path / "dest"))
+    await storage.prepare()
+    await storage.write_atomic("d/x.pth", BytesPayload(b"first"), overwrite=True)
+    payload = _Observing(tmp_path / "dest" / "d")
+    await storage.write_atomic("d/x.pth", payload, overwrite=True)  # type: ignore[arg-type]
+    # mid-write: the final name still holds the old bytes, the new ones go to a temp file
+    (temp,) = [name for name in payload.seen if name != "x.pth"]
+    assert temp.startswith(".x.pth.tmp~") and "x.pth" in payload.seen
+    assert (tmp_path / "dest" / "d" / "x.pth").read_bytes() == b"12345"
+    assert sorted(p.name for p in (tmp_path / "dest" / "d").iterdir()) == ["x.pth"]
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+async def test_fsync_is_honoured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
+) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    storage = LocalStorage(str(tmp_path / "dest"), fsync=fsync)
+    await storage.prepare()
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    await storage.write_atomic("d/x.pth", BytesPayload(b"durable"), overwrite=True)
+    if not fsync:
+        assert synced == []
+        return
+    directory = str(tmp_path / "dest" / "d")
+    assert directory in synced  # the directory entry, after the rename
+    assert any(".x.pth.tmp~" in path for path in synced)  # the file's data, before it

@@ -84,6 +84,25 @@ def test_missing_and_extra_dumps(runs: tuple[str, str], capsys: pytest.CaptureFi
     assert "ONLY IN A  step2/obs" in out and "ONLY IN B  step3/extra" in out
 
 
+@pytest.mark.parametrize("side", ["only_in_a", "only_in_b"])
+def test_a_dump_in_one_run_only_is_a_difference_on_its_own(
+    runs: tuple[str, str], side: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = runs
+    dumps = base_dumps()
+    if side == "only_in_a":
+        del dumps["step1/obs"]  # everything else equal: only that one dump is missing in B
+    else:
+        dumps["step9/new"] = {"y": torch.zeros(1)}
+    write_run(b, dumps)
+    code, report = run_json(capsys, "diff", a, b)
+    assert code == 1
+    assert report["equal"] is False
+    counts = report["counts"]
+    assert (counts["different"], counts["error"], counts[side]) == (0, 0, 1)
+    assert report["first_divergence"] == ("step1/obs" if side == "only_in_a" else "step9/new")
+
+
 def test_missing_and_extra_keys(runs: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     a, b = runs
     dumps = base_dumps()

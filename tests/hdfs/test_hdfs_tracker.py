@@ -13,6 +13,7 @@ from blockbuster import BlockBuster, blockbuster_ctx
 from hdfs import InsecureClient
 
 import trajtrack
+from _support.expect import assert_same
 from _support.hdfs_cluster import HdfsCluster
 from trajtrack import Tracker
 
@@ -50,7 +51,7 @@ async def test_tracker_dumps_read_back_equal(hdfs_cluster: HdfsCluster, hdfs_url
     root = _path_of(hdfs_url)
     for name, expected in dumps.items():
         loaded = _load(hdfs_cluster, f"{root}/{name}.pth")
-        assert repr(loaded) == repr(expected)
+        assert_same(loaded, expected)  # element by element (repr() abbreviates big tensors)
     client = InsecureClient(f"http://127.0.0.1:{hdfs_cluster.http_port}")
     assert client.list(f"{root}/.trajtrack/records")  # the record of what was written
 

@@ -15,6 +15,7 @@ import torch
 
 import trajtrack.reader._safe_load as safe_load
 import trajtrack.reader._weights_only as weights_only
+from _support.expect import assert_same
 from trajtrack import DumpLoadError, UnsafeLoadError
 from trajtrack.reader._safe_load import load_dump_bytes
 from trajtrack.rollout import RolloutBatch, RolloutSample
@@ -83,7 +84,7 @@ def test_concurrent_loads_refuse_the_malicious_dump_and_load_the_others(tmp_path
     assert not marker.exists()
     for (kind, i), result in zip(jobs, results, strict=True):
         if kind == "sample":
-            assert result == sample(i % 8)
+            assert_same(result, sample(i % 8))
         elif kind == "plain":
             assert isinstance(result, dict) and result["n"] == i % 8
             assert torch.equal(result["t"], torch.full((1000,), float(i % 8)))
@@ -153,7 +154,7 @@ def test_torchscript_archives_and_junk_are_refused() -> None:
 def test_legacy_format_loads_with_the_allow_list() -> None:
     buffer = io.BytesIO()
     torch.save(sample(1), buffer, _use_new_zipfile_serialization=False)
-    assert load_dump_bytes(buffer.getvalue()) == sample(1)
+    assert_same(load_dump_bytes(buffer.getvalue()), sample(1))
 
 
 def test_without_the_torch_internals_the_locked_fallback_behaves_the_same(
@@ -161,7 +162,7 @@ def test_without_the_torch_internals_the_locked_fallback_behaves_the_same(
 ) -> None:
     monkeypatch.setattr(safe_load, "restricted_loader", lambda extra: None)
     marker = tmp_path / "pwned"
-    assert load_dump_bytes(saved(sample(2))) == sample(2)
+    assert_same(load_dump_bytes(saved(sample(2))), sample(2))
     with pytest.raises(UnsafeLoadError, match="mkdir"):
         load_dump_bytes(saved(WritesMarker(str(marker))))
     assert not marker.exists()

@@ -175,7 +175,7 @@ async def test_logs_never_contain_dump_contents(
     assert SECRET.encode().hex() not in logged
 
 
-async def test_the_reader_refuses_code_in_an_untrusted_dump(tmp_path: Path) -> None:
+def test_the_reader_refuses_code_in_an_untrusted_dump(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     dest = tmp_path / "dest"
     dest.mkdir()

@@ -248,3 +248,13 @@ def test_rollout_sample_equality_with_a_dataproto_batch_never_raises() -> None:
     assert _sample(2.0) == _sample(2.0)  # compared tensor by tensor instead
     assert _sample(2.0) != _sample(3.0)
     assert _sample(2.0) != RolloutSample(full_batch=RolloutBatch(), sample_id="s")
+
+
+def test_batches_equal_only_with_equal_values() -> None:
+    def batch(values: list[float]) -> RolloutBatch:
+        return RolloutBatch.from_single_dict({"x": torch.tensor(values), "k": np.array([1, 2])})
+
+    assert batch([1.0, float("nan")]) == batch([1.0, float("nan")])  # NaN equals NaN in place
+    assert batch([1.0, 2.0]) != batch([1.0, 2.5])  # same dtype and shape, another value
+    assert batch([1.0, float("nan")]) != batch([float("nan"), 1.0])
+    assert RolloutSample(batch([1.0, 2.0])) != RolloutSample(batch([1.0, 2.5]))

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 import trajtrack
+from _support.expect import assert_same
 from trajtrack.rollout import (
     SAFE_GLOBALS,
     RolloutBatch,
@@ -52,7 +53,7 @@ async def test_dump_rollout_sample_and_read_it_back(tmp_path: Path) -> None:
     with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
         loaded = torch.load(tmp_path / record.path, weights_only=True)
     sample.full_batch.batch["rm_scores"].copy_(torch.tensor([[0.0, 0.5], [0.0, 1.0]]))
-    assert loaded == sample
+    assert_same(loaded, sample)
 
 
 async def test_rollouter_tracker_trainer_round_trip(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from _support.expect import assert_same
 from trajtrack.rollout import SAFE_GLOBALS, RolloutBatch, RolloutSample, ValidateMetrics
 
 
@@ -57,7 +58,7 @@ def test_rollout_sample_round_trips_with_weights_only(tmp_path: Path) -> None:
     loaded = safe_load(path)
     assert isinstance(loaded, RolloutSample)
     assert isinstance(loaded.full_batch, RolloutBatch)
-    assert loaded == sample
+    assert_same(loaded, sample)
     arrays = loaded.full_batch.non_tensor_batch
     assert arrays["uid"].dtype == object and arrays["uid"].tolist() == ["prompt-7", "prompt-7"]
     assert arrays["raw_prompt_ids"][1] == [101, 102, 103]

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import threading
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from trajtrack import (
 )
 from trajtrack.backends.memory import MemoryStorage
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
+from trajtrack.tracker._snapshot import measure_plain
 
 
 def load(path: Path) -> Any:
@@ -257,6 +259,39 @@ async def test_drop_oldest_policy_discards_queued_not_in_flight() -> None:
         stats = tracker.statistics()
     assert stats.dropped == {"drop_oldest": 1}
     assert stats.committed == 3
+
+
+async def test_drop_oldest_under_a_byte_budget_frees_exactly_what_it_drops() -> None:
+    def block(i: int) -> dict[str, Any]:
+        return {"i": i, "x": torch.full((1000,), float(i))}
+
+    size = measure_plain(block(0))
+    gate = Gate()
+    async with memory_tracker(
+        gate, max_pending_bytes=3 * size, full_policy="drop_oldest", workers=1
+    ) as tracker:
+        first = await tracker.dump(block(0), "in_flight")
+        await anyio.to_thread.run_sync(gate.entered.acquire)  # the worker holds it
+        queued = [await tracker.dump(block(i), f"q{i}") for i in (1, 2)]
+        assert tracker.statistics().pending_bytes == 3 * size  # full, by bytes
+        newest = [await tracker.dump(block(i), f"n{i}") for i in (3, 4)]  # each drops one
+        for handle in queued:
+            with pytest.raises(DumpDroppedError, match="drop_oldest"):
+                await handle
+        assert tracker.statistics().pending_bytes == 3 * size  # dropped bytes were released
+        gate.opened.set()
+        for handle in [first, *newest]:
+            await handle
+        await tracker.flush(timeout=30)
+        stats = tracker.statistics()
+        assert (stats.pending_bytes, stats.pending_items) == (0, 0)
+        assert stats.dropped == {"drop_oldest": 2}
+        assert stats.committed == 3
+        # nothing leaked: a full budget's worth is admitted again without a drop
+        again = [await tracker.dump(block(i), f"a{i}") for i in range(3)]
+        for handle in again:
+            await handle
+        assert tracker.statistics().dropped == {"drop_oldest": 2}
 
 
 async def test_oversize_item_is_admitted_alone(tmp_path: Path) -> None:
@@ -530,8 +565,9 @@ async def test_record_lists_every_committed_dump(tmp_path: Path) -> None:
     assert set(by_path) == {f"r/{i}.pth" for i in range(5)} | {"after_flush.pth"}
     for record in records:
         entry = by_path[record.path]
-        assert entry["size"] == (tmp_path / record.path).stat().st_size
-        assert entry["checksum"] == record.checksum
+        data = (tmp_path / record.path).read_bytes()
+        assert entry["size"] == len(data)
+        assert entry["checksum"] == record.checksum == f"crc32:{zlib.crc32(data):08x}"
         assert entry["pid"] == os.getpid()
         assert entry["name"] == record.name
 

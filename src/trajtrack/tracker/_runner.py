@@ -341,7 +341,7 @@ class Runner:
         assert self._recorder is not None
         left = 30.0 if deadline is None else max(_GRACE, deadline - time.monotonic())
         if not seal:  # the drain gave up (or the tracker failed): those dumps already failed
-            self._layout.discard()
+            await anyio.to_thread.run_sync(self._layout.discard)  # unlinks spool files
         steps = [(self._recorder.write, "write the final record segment")]
         if seal:
             steps.insert(0, (self._layout.seal, "seal the last shard"))

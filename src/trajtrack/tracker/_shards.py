@@ -327,7 +327,7 @@ class ShardsLayout:
                     at=member.written_at,
                 )
         finally:
-            payload.release()
+            await anyio.to_thread.run_sync(payload.release)  # an unlink: not on the loop
 
     async def _ager(self, stop: anyio.Event) -> None:
         """Seal the open shard once its oldest dump is ``max_age`` old, until *stop*."""
