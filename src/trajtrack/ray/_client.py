@@ -125,12 +125,14 @@ def dump_data(data: Any, name: str, *, wait: bool | None = None) -> None:
     Args:
         data: Anything ``torch.save`` accepts.
         name: A relative dump name such as ``"step3/rank0_obs"``.
-        wait: ``True``: return when the actor has the dump (acknowledged); ``False``: return
-            once the bytes are in this process's send buffer (pipelined, see
-            :func:`wait_for_own_dumps`). Default: pipelined when ``TRAJTRACK_RAY_PIPELINED=1``,
-            else acknowledged. A pipelined dump of CPU plain data over 64 MiB going over the
-            channel is sent as an acknowledged one instead (after this process's earlier
-            pipelined dumps): copying it would cost the caller as much.
+        wait: ``True``: return when the actor has admitted the dump to its tracker's queue
+            (acknowledged; it is written later, in the shards layout when its shard is
+            committed: :func:`flush` waits for that); ``False``: return once the bytes are in
+            this process's send buffer (pipelined, see :func:`wait_for_own_dumps`). Default:
+            pipelined when ``TRAJTRACK_RAY_PIPELINED=1``, else acknowledged. A pipelined dump
+            of CPU plain data over 64 MiB going over the channel is sent as an acknowledged
+            one instead (after this process's earlier pipelined dumps): copying it would cost
+            the caller as much.
 
     Raises:
         InvalidNameError: *name* is not a safe relative dump name (nothing was sent).
@@ -276,7 +278,8 @@ def flush(
 ) -> None:
     """Wait for this process's pipelined dumps, then for everything the actor has.
 
-    The blocking form of ``ray.get(get_trajectory_tracker().flush.remote(timeout))``.
+    The blocking form of ``ray.get(get_trajectory_tracker().flush.remote(timeout))``. In the
+    shards layout this is what commits the open shard (short of its size or age limit).
 
     Raises:
         TimeoutError: Not everything was written within *timeout* seconds.
