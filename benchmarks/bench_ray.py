@@ -242,7 +242,7 @@ def main() -> None:
     by_size: dict[str, dict[str, Any]] = {}
     try:
         print(f"dumps per measurement {plan}, Ray {ray.__version__}")
-        from trajtrack.ray import _client
+        from trajtrack.ray import _client, _config, _discovery
 
         verl_dest = work / "verl"  # must not exist: the original's makedirs has exist_ok=False
         os.environ["VERL_TRACKER_HDFS_DIR"] = str(verl_dest)
@@ -260,10 +260,10 @@ def main() -> None:
             TRAJTRACK_RAY_ACTOR=calls_actor,
             TRAJTRACK_RAY_CHANNEL="off",
         )
-        assert _client._current().channel is None
+        assert _discovery.current().channel is None
         os.environ.update(TRAJTRACK_DIR=str(ray_dest), TRAJTRACK_RAY_ACTOR="bench-trajtrack")
         del os.environ["TRAJTRACK_RAY_CHANNEL"]
-        assert _client._current().channel is not None
+        assert _discovery.current().channel is not None
 
         def ray_calls(obj: Any, name: str) -> None:
             os.environ["TRAJTRACK_RAY_ACTOR"] = calls_actor  # ~1 us; the cache is per name
@@ -277,8 +277,8 @@ def main() -> None:
         shim = trajtrack.get_tracker()
         os.environ["TRAJTRACK_DIR"] = str(ray_dest)
 
-        bare = ray.remote(_Noop).options(**_client._ACTOR_DEFAULTS).remote()
-        who = _client._who()
+        bare = ray.remote(_Noop).options(**_config.ACTOR_DEFAULTS).remote()
+        who = _discovery.process_identity()
         serialized: dict[str, bytes] = {}
         ray.get(bare.dump.remote(b"warm", "warm", who))
         async_dest = work / "async"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 from typing import Any
 
@@ -19,6 +20,29 @@ def payload(i: int) -> dict[str, Any]:
 def dump_one(i: int) -> int:
     """Dump ``process_{i}_obs`` like verl's demo; return this worker's pid."""
     tr.dump_data(payload(i), f"process_{i}_obs")
+    return os.getpid()
+
+
+def shard_payloads(i: int) -> dict[str, Any]:
+    """What task *i* dumps in the shards tests, by name: deterministic, so tests rebuild it.
+
+    Two plain dicts (they cross the channel as raw tensor bytes) and an ``OrderedDict``, which
+    is not plain data: it goes as ``torch.save`` bytes made in the caller.
+    """
+    generator = torch.Generator().manual_seed(2000 + i)
+    return {
+        f"task{i}/obs": {"obs": torch.randn(4, 8, generator=generator), "step": i},
+        f"task{i}/ids": {"ids": torch.arange(i, i + 16), "mask": torch.arange(16) % 3 == 0},
+        f"task{i}/ordered": collections.OrderedDict(x=torch.full((3,), float(i)), i=i),
+    }
+
+
+def dump_shard_payloads(i: int, wait: bool) -> int:
+    """Dump :func:`shard_payloads` acknowledged (*wait*) or pipelined; return this pid."""
+    for name, obj in shard_payloads(i).items():
+        tr.dump_data(obj, name, wait=wait)
+    if not wait:
+        tr.wait_for_own_dumps(timeout=60)  # the actor has them before the task returns
     return os.getpid()
 
 

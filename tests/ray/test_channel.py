@@ -1,6 +1,6 @@
 """The direct channel's protocol: a real server on a real asyncio loop, a real client.
 
-No Ray cluster here (the module has no Ray import; the package needs Ray installed): the server
+No Ray cluster here (the channel's modules have no Ray import; the package needs Ray): the server
 admits into a list, or raises what a tracker would raise, so that every reply the client can
 get is exercised. The Ray end to end tests are in test_ray_channel.py.
 """
@@ -29,17 +29,18 @@ from trajtrack import (  # noqa: E402  (after the Ray check)
     TrackerClosedError,
     TrajtrackError,
 )
-from trajtrack.ray import _channel  # noqa: E402  (after the Ray check)
-from trajtrack.ray._channel import (  # noqa: E402  (after the Ray check)
+from trajtrack.ray import _protocol, _server  # noqa: E402  (after the Ray check)
+from trajtrack.ray._connection import ChannelClient  # noqa: E402  (after the Ray check)
+from trajtrack.ray._protocol import (  # noqa: E402  (after the Ray check)
     MAX_ERROR_BYTES,
     ChannelBrokenError,
-    ChannelClient,
-    ChannelServer,
     Endpoints,
     decode_error,
     encode_error,
 )
-from trajtrack.ray._wire import decode, encode  # noqa: E402  (after the Ray check)
+from trajtrack.ray._server import ChannelServer  # noqa: E402  (after the Ray check)
+from trajtrack.ray._wire_decode import decode  # noqa: E402  (after the Ray check)
+from trajtrack.ray._wire_encode import encode  # noqa: E402  (after the Ray check)
 
 WHO = ("host-a", 1234, 3, 1, 8)
 WAIT = 30.0  # seconds for any wait on the loop thread
@@ -133,7 +134,7 @@ def test_plain_data_travels_as_its_own_kind_and_decodes_equal(served: Served) ->
     obj = {"obs": torch.randn(64, 33), "step": 7, "mask": torch.ones(5, dtype=torch.bool)}
     served.client().dump(encode(obj), "plain")
     served.client().dump(b"serialized", "bytes")
-    assert served.admitted.kinds == [_channel.KIND_PLAIN, _channel.KIND_DUMP]
+    assert served.admitted.kinds == [_protocol.KIND_PLAIN, _protocol.KIND_DUMP]
     decoded, _ = decode(bytearray(served.admitted.dumps[0][0]))
     assert decoded.keys() == obj.keys() and decoded["step"] == 7
     assert torch.equal(decoded["obs"], obj["obs"]) and torch.equal(decoded["mask"], obj["mask"])
@@ -183,7 +184,7 @@ def test_a_foreign_hello_is_refused(served: Served, hello: bytes) -> None:
     with socket.create_connection(served.endpoints.tcp, timeout=WAIT) as sock:
         sock.sendall(hello)
         status, _ = struct.unpack("<BI", _read(sock, 5))
-        assert status == _channel.REFUSED
+        assert status == _protocol.REFUSED
         assert sock.recv(1) == b""  # and the server hangs up
     assert served.server.counters.refused == 1
 
@@ -191,11 +192,11 @@ def test_a_foreign_hello_is_refused(served: Served, hello: bytes) -> None:
 def test_a_silent_connection_is_closed_after_the_hello_timeout(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_channel, "HELLO_TIMEOUT", 0.2)
+    monkeypatch.setattr(_server, "HELLO_TIMEOUT", 0.2)  # read by the server
     assert served.endpoints.tcp is not None
     with socket.create_connection(served.endpoints.tcp, timeout=WAIT) as sock:
         status, _ = struct.unpack("<BI", _read(sock, 5))  # sent nothing: refused on timeout
-        assert status == _channel.REFUSED
+        assert status == _protocol.REFUSED
         assert sock.recv(1) == b""
     assert served.server.counters.refused == 1
 
@@ -255,11 +256,11 @@ def test_an_oversized_request_is_refused_and_the_server_keeps_serving(served: Se
         sock.sendall(
             struct.pack("<4sB32sH", b"TTRK", 1, served.server.secret, len(who))
             + who
-            + struct.pack("<BHQ", 1, _channel.MAX_NAME_BYTES + 1, 0)
+            + struct.pack("<BHQ", 1, _protocol.MAX_NAME_BYTES + 1, 0)
         )
-        assert struct.unpack("<BI", _read(sock, 5))[0] == _channel.OK  # the hello
+        assert struct.unpack("<BI", _read(sock, 5))[0] == _protocol.OK  # the hello
         status, size = struct.unpack("<BI", _read(sock, 5))
-        assert status == _channel.FATAL  # an error after which the server hangs up
+        assert status == _protocol.FATAL  # an error after which the server hangs up
         assert b"bad request" in _read(sock, size)
         assert sock.recv(1) == b""  # the stream cannot be resynchronized: closed
     served.client().dump(b"ok", "after")

@@ -22,9 +22,9 @@ pytestmark = pytest.mark.ray
 
 
 def _cached_channel() -> Any:
-    from trajtrack.ray import _client
+    from trajtrack.ray import _discovery
 
-    return _client._current().channel
+    return _discovery.current().channel
 
 
 def _stored(dest: Path, name: str) -> Any:
@@ -81,11 +81,12 @@ def test_a_failed_channel_falls_back_to_ray_calls_and_says_so(
     import ray
 
     import trajtrack.ray as tr
-    from trajtrack.ray import _client
-    from trajtrack.ray._channel import ChannelClient, Endpoints
+    from trajtrack.ray import _discovery
+    from trajtrack.ray._connection import ChannelClient
+    from trajtrack.ray._protocol import Endpoints
 
     tr.dump_data({"x": torch.ones(1)}, "over/channel")
-    cached = _client._current()
+    cached = _discovery.current()
     real = cached.channel
     wrong = Endpoints(bytes(32), real.endpoints.node_id, real.endpoints.unix_path, None)
     cached.channel = ChannelClient(wrong, real.who, local=True)  # a secret the actor refuses

@@ -211,11 +211,11 @@ def test_a_forked_child_does_not_inherit_the_sender(gate: Any, tracker_env: dict
     import ray
 
     import trajtrack.ray as tr
-    from trajtrack.ray import _client
+    from trajtrack.ray import _sender
 
     for i in range(3):
         tr.dump_data({"i": i}, f"parent/{i}", wait=False)
-    assert _client._sender._thread is not None
+    assert _sender.sender()._thread is not None
     assert tr.own_dumps_in_flight() == 3
 
     read_end, write_end = os.pipe()
@@ -225,7 +225,7 @@ def test_a_forked_child_does_not_inherit_the_sender(gate: Any, tracker_env: dict
         try:
             os.close(read_end)
             state = {
-                "thread": _client._sender._thread is not None,
+                "thread": _sender.sender()._thread is not None,
                 "in_flight": tr.own_dumps_in_flight(),
                 "parent_thread_alive": any(
                     t.name == "trajtrack-ray-sender" for t in threading.enumerate()

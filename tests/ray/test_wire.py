@@ -1,4 +1,4 @@
-"""Plain data on the wire (trajtrack.ray._wire): exact round trips, refusals, hostile payloads."""
+"""Plain data on the wire (trajtrack.ray._wire*): exact round trips, refusals, hostile payloads."""
 
 from __future__ import annotations
 
@@ -14,15 +14,14 @@ from _support.require import require_module
 
 require_module("ray", required_by="TRAJTRACK_REQUIRE_RAY", hint="pip install 'trajtrack[ray]'")
 
-from trajtrack.ray._wire import (  # noqa: E402  (after the Ray check)
-    ALIGN,
+from trajtrack.ray._wire import ALIGN  # noqa: E402  (after the Ray check)
+from trajtrack.ray._wire_decode import decode, parse  # noqa: E402  (after the Ray check)
+from trajtrack.ray._wire_encode import (  # noqa: E402  (after the Ray check)
     COPY_HOLDING_GIL_MAX_BYTES,
     VIEW_MIN_BYTES,
     NotPlainError,
     capture,
-    decode,
     encode,
-    parse,
 )
 
 

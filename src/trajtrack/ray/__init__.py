@@ -11,6 +11,22 @@ Example::
 
     tr.dump_data({"obs": obs}, f"step{step}/obs")  # in any Ray worker (VERL_ENABLE_TRACKER=1)
     tr.flush()  # in the driver: every acknowledged dump is written
+
+Read the modules in this order::
+
+    _client.py       the public functions: dump_data, flush, shutdown, get_trajectory_tracker,
+                     wait_for_own_dumps; which snapshot a dump gets before it is sent
+    _config.py       what the environment configures: actor name, channel mode, limits
+    _discovery.py    finding or creating the named actor; the per-process cache of its handle
+                     and channel client; what a fork() forgets
+    _sender.py       the pipelined mode: the per-process send buffer and its sender thread
+    _actor.py        TrackerActor: the asyncio Tracker inside the detached actor
+    _protocol.py     the direct channel's protocol: frames, statuses, errors, endpoints
+    _server.py       the channel's actor side: an asyncio server admitting dumps
+    _connection.py   the channel's caller side: ChannelClient, a blocking pool of sockets
+    _wire.py         the plain-data format on the channel (a JSON skeleton, raw buffers)
+    _wire_encode.py  plain data taken apart for the wire (the caller)
+    _wire_decode.py  checked and rebuilt from the wire (the actor)
 """
 
 from __future__ import annotations
@@ -26,14 +42,16 @@ except ImportError as _exc:
 
 from trajtrack.ray._actor import TrackerActor as TrackerActor
 from trajtrack.ray._client import (
-    DEFAULT_ACTOR_NAME as DEFAULT_ACTOR_NAME,
-    DEFAULT_NAMESPACE as DEFAULT_NAMESPACE,
     dump_data as dump_data,
     flush as flush,
     get_trajectory_tracker as get_trajectory_tracker,
     own_dumps_in_flight as own_dumps_in_flight,
     shutdown as shutdown,
     wait_for_own_dumps as wait_for_own_dumps,
+)
+from trajtrack.ray._config import (
+    DEFAULT_ACTOR_NAME as DEFAULT_ACTOR_NAME,
+    DEFAULT_NAMESPACE as DEFAULT_NAMESPACE,
 )
 
 __all__ = [

@@ -6,12 +6,13 @@ actor's event loop (not one Ray task per file, as verl's original did). Every me
 coroutine, so Ray runs them all on the actor's single event loop, the one the tracker was
 started on. The bytes arrive either as a Ray call (:meth:`TrackerActor.dump`,
 :meth:`TrackerActor.dump_many`) or, much cheaper, over the actor's direct channel
-(:mod:`trajtrack.ray._channel`), whose listeners run on the same loop.
+(:mod:`trajtrack.ray._server`), whose listeners run on the same loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import uuid
@@ -20,11 +21,14 @@ from typing import Any
 
 from trajtrack._exceptions import SerializationError, TrackerClosedError
 from trajtrack.layouts.names import WriterIdentity
-from trajtrack.ray._channel import KIND_PLAIN, ChannelServer, Who
-from trajtrack.ray._wire import parse, skeleton_size
+from trajtrack.ray._protocol import KIND_PLAIN, Who
+from trajtrack.ray._server import ChannelServer
+from trajtrack.ray._wire_decode import parse, skeleton_size
 from trajtrack.tracker import Tracker, TrackerState, TrackerStatistics
 
 __all__ = ["TrackerActor", "Who"]
+
+logger = logging.getLogger(__name__)
 
 # Who: a writer's identity as it travels to the actor, ``(host, pid, rank, local_rank,
 # world_size)``. A plain tuple pickles faster than the dataclass; the actor rebuilds the
@@ -95,7 +99,7 @@ class TrackerActor:
 
         Returns:
             ``destination``, ``pid``, ``host``, ``token`` (this incarnation) and ``channel``:
-            the channel's endpoints and secret (see :class:`~trajtrack.ray._channel.Endpoints`)
+            the channel's endpoints and secret (see :class:`~trajtrack.ray._protocol.Endpoints`)
             or ``None`` when the actor has none.
         """
         await self._running()

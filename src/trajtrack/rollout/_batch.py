@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._batch_ops import concat_parts, repeat_parts, subset
 from ._equality import values_equal
-from ._errors import BatchConflictError, BatchKeyError, BatchSizeError, BatchTypeError
+from ._errors import BatchConflictError, BatchSizeError, BatchTypeError
 
 __all__ = ["RolloutBatch", "to_object_array"]
 
@@ -228,21 +229,7 @@ class RolloutBatch:
         """
         if not data:
             raise ValueError("cannot concat an empty list of batches")
-        first = data[0]
-        for index, item in enumerate(data[1:], start=1):
-            _check_same_keys("batch", first.batch.keys(), item.batch.keys(), index)
-            _check_same_keys(
-                "non_tensor_batch",
-                first.non_tensor_batch.keys(),
-                item.non_tensor_batch.keys(),
-                index,
-            )
-        tensors = {key: _cat_tensors(key, [d.batch[key] for d in data]) for key in first.batch}
-        arrays = {
-            key: _cat_arrays(key, [d.non_tensor_batch[key] for d in data])
-            for key in first.non_tensor_batch
-        }
-        return type(first)(tensors, arrays, _merge_meta([d.meta_info for d in data]))
+        return type(data[0])(*concat_parts(data))
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> RolloutBatch:
         """Repeat every row.
@@ -257,21 +244,7 @@ class RolloutBatch:
         Raises:
             ValueError: ``repeat_times`` is not a positive integer.
         """
-        if isinstance(repeat_times, bool) or not isinstance(repeat_times, int) or repeat_times < 1:
-            raise ValueError(f"repeat_times must be a positive integer, got {repeat_times!r}")
-        if interleave:
-            tensors = {k: v.repeat_interleave(repeat_times, dim=0) for k, v in self.batch.items()}
-            arrays = {
-                k: np.repeat(v, repeat_times, axis=0) for k, v in self.non_tensor_batch.items()
-            }
-        else:
-            tensors = {
-                k: v.repeat(repeat_times, *([1] * (v.dim() - 1))) for k, v in self.batch.items()
-            }
-            arrays = {
-                k: np.tile(v, (repeat_times,) + (1,) * (v.ndim - 1))
-                for k, v in self.non_tensor_batch.items()
-            }
+        tensors, arrays = repeat_parts(self.batch, self.non_tensor_batch, repeat_times, interleave)
         return type(self)(tensors, arrays, dict(self.meta_info))
 
     def select(
@@ -288,9 +261,9 @@ class RolloutBatch:
         Raises:
             BatchKeyError: A requested key does not exist.
         """
-        tensors = _subset("batch", self.batch, batch_keys)
-        arrays = _subset("non_tensor_batch", self.non_tensor_batch, non_tensor_batch_keys)
-        meta = _subset("meta_info", self.meta_info, meta_info_keys)
+        tensors = subset("batch", self.batch, batch_keys)
+        arrays = subset("non_tensor_batch", self.non_tensor_batch, non_tensor_batch_keys)
+        meta = subset("meta_info", self.meta_info, meta_info_keys)
         if deepcopy:
             tensors = {k: v.clone() for k, v in tensors.items()}
             arrays = copy.deepcopy(arrays)
@@ -386,72 +359,3 @@ def _check_rows(key: str, rows: int, expected: tuple[str, int] | None) -> tuple[
             f"batch size mismatch: {key!r} has {rows} rows but {expected[0]!r} has {expected[1]}"
         )
     return expected or (key, rows)
-
-
-def _check_same_keys(part: str, first: Iterable[str], other: Iterable[str], index: int) -> None:
-    a, b = set(first), set(other)
-    if a != b:
-        raise BatchKeyError(
-            f"cannot concat: {part} keys of batch {index} differ from batch 0 "
-            f"(missing {sorted(a - b)}, extra {sorted(b - a)})"
-        )
-
-
-def _cat_tensors(key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
-    tail = tuple(tensors[0].shape[1:])
-    for index, tensor in enumerate(tensors):
-        if tuple(tensor.shape[1:]) != tail:
-            raise BatchSizeError(
-                f"cannot concat {key!r}: batch {index} has shape {tuple(tensor.shape)}, "
-                f"batch 0 has trailing dimensions {tail}"
-            )
-    return torch.cat(tensors, dim=0)
-
-
-def _cat_arrays(key: str, arrays: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
-    try:
-        return np.concatenate(arrays, axis=0)
-    except ValueError as exc:
-        shapes = [a.shape for a in arrays]
-        raise BatchSizeError(f"cannot concat {key!r}: incompatible shapes {shapes}") from exc
-
-
-def _merge_meta(metas: list[dict[str, Any]]) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    metrics: list[Any] = []
-    saw_metrics = False
-    for index, meta in enumerate(metas):
-        for key, value in meta.items():
-            if key == "metrics":
-                saw_metrics = True
-                metrics.extend(value if isinstance(value, list) else [value])
-            elif key not in merged:
-                merged[key] = value
-            elif not values_equal(merged[key], value):
-                raise BatchConflictError(
-                    f"cannot concat: meta_info[{key!r}] of batch {index} "
-                    "differs from earlier batches"
-                )
-    if saw_metrics:
-        merged["metrics"] = _list_of_dicts_to_dict_of_lists(metrics)
-    return merged
-
-
-def _list_of_dicts_to_dict_of_lists(items: list[Any]) -> Any:
-    if not items or not all(isinstance(item, Mapping) for item in items):
-        return items
-    out: dict[str, list[Any]] = {}
-    for item in items:
-        for key, value in item.items():
-            out.setdefault(key, []).append(value)
-    return out
-
-
-def _subset(part: str, source: dict[str, Any], keys: Iterable[str] | None) -> dict[str, Any]:
-    if keys is None:
-        return dict(source)
-    wanted = list(keys)
-    missing = [k for k in wanted if k not in source]
-    if missing:
-        raise BatchKeyError(f"{part} has no key(s) {missing}; available: {sorted(source)}")
-    return {k: source[k] for k in wanted}
