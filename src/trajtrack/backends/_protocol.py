@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, runtime_checkable
 
+import anyio
+
 from trajtrack._exceptions import StoragePermissionError
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "check_range",
     "check_relative",
     "checksum_of",
+    "write_each_concurrently",
     "write_payload",
 ]
 
@@ -216,6 +219,36 @@ class ChecksumWriter:
 
     def result(self) -> WriteResult:
         return WriteResult(size=self.size, checksum=self.checksum)
+
+
+async def write_each_concurrently(
+    storage: Storage,
+    items: Sequence[tuple[str, Payload]],
+    *,
+    overwrite: bool,
+    done: ItemDone | None = None,
+) -> list[WriteResult | Exception]:
+    """``write_atomic_many`` as ``write_atomic`` of each item, all at once (remote storages).
+
+    Each item's outcome is its result or its exception, in order; *done* hears each as it
+    ends. Concurrency is whatever the storage's own limiter lets through.
+    """
+    outcomes: list[WriteResult | Exception] = [RuntimeError("not written")] * len(items)
+
+    async def one(index: int, path: str, payload: Payload) -> None:
+        outcome: WriteResult | Exception
+        try:
+            outcome = await storage.write_atomic(path, payload, overwrite=overwrite)
+        except Exception as exc:  # this item's outcome; the others go on
+            outcome = exc
+        outcomes[index] = outcome
+        if done is not None:
+            done(index, outcome)
+
+    async with anyio.create_task_group() as group:
+        for index, (path, payload) in enumerate(items):
+            group.start_soon(one, index, path, payload)
+    return outcomes
 
 
 def write_payload(payload: Payload, out: BinaryIO) -> WriteResult:

@@ -46,6 +46,7 @@ from trajtrack.backends._protocol import (
     WriteResult,
     check_range,
     check_relative,
+    write_each_concurrently,
 )
 from trajtrack.backends._webhdfs_io import ClientPool, Spool, Spools, call, file_status
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
@@ -220,22 +221,7 @@ class WebHdfsStorage:
         done: ItemDone | None = None,
     ) -> builtins.list[WriteResult | Exception]:
         # Each file is several requests of its own: concurrently, as many as the limiter lets.
-        outcomes: builtins.list[WriteResult | Exception] = [RuntimeError("not written")] * len(
-            items
-        )
-
-        async def one(index: int, path: str, payload: Payload) -> None:
-            try:
-                outcomes[index] = await self.write_atomic(path, payload, overwrite=overwrite)
-            except Exception as exc:  # this item's outcome; the others go on
-                outcomes[index] = exc
-            if done is not None:
-                done(index, outcomes[index])
-
-        async with anyio.create_task_group() as group:
-            for index, (path, payload) in enumerate(items):
-                group.start_soon(one, index, path, payload)
-        return outcomes
+        return await write_each_concurrently(self, items, overwrite=overwrite, done=done)
 
     def _write_sync(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
         spool = self._spools.get(payload)
