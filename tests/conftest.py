@@ -70,6 +70,9 @@ def _isolation(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         "VERL_TRACKER_HDFS_DIR",
         "TRAJTRACK_DIR",
         "TRAJTRACK_EXIT_TIMEOUT",
+        "TRAJTRACK_LAYOUT",
+        "TRAJTRACK_SHARD_MAX_BYTES",
+        "TRAJTRACK_SHARD_MAX_AGE",
     ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TRAJTRACK_HANDLE_SIGTERM", "0")

@@ -104,3 +104,42 @@ def test_diff_html_report_on_hdfs(
     # The first divergent pair was reloaded from HDFS for the histogram.
     assert "step1/x [&#x27;t&#x27;]: float32 [3, 4], a - b of 12 elements" in page
     assert 'class="plot histogram"' in page
+
+
+def _write_sharded(dest: str, dumps: dict[str, object]) -> None:
+    import anyio
+
+    import trajtrack
+
+    async def go() -> None:
+        async with trajtrack.Tracker(dest, layout="shards") as tracker:
+            for name, obj in dumps.items():
+                await tracker.dump(obj, name)
+
+    anyio.run(go)
+
+
+def test_a_sharded_run_on_hdfs(
+    hdfs_cluster: HdfsCluster, hdfs_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sharded, files = f"{hdfs_url}/sharded", str(tmp_path / "files")
+    _write_sharded(sharded, _dumps())
+    write_run(files, _dumps())
+    listed = _client(hdfs_cluster).list(_path_of(sharded))
+    assert "step0" not in listed  # no file per dump: the dumps are in a shard
+    code, listing = run_json(capsys, "ls", sharded)
+    assert code == 0
+    assert [d["name"] for d in listing["dumps"]] == ["step0/x", "step1/x", "step2/x"]
+    assert all(d["shard"] for d in listing["dumps"])
+    code, shown = run_json(capsys, "show", sharded, "step2/x")  # one ranged read (OPEN+offset)
+    assert code == 0
+    assert shown["structure"]["children"][0]["max"] == 22.0
+    code, report = run_json(capsys, "verify", sharded)
+    assert (code, report["counts"]["ok"]) == (0, 3)
+    code, result = run_json(capsys, "diff", sharded, files)  # sharded on HDFS vs local files
+    assert code == 0, result
+    out = tmp_path / "exported"
+    code, exported = run_json(capsys, "export", sharded, str(out))
+    assert (code, exported["written"]) == (0, 3)
+    loaded = torch.load(out / "step1/x.pth", weights_only=True)
+    assert torch.equal(loaded["t"], torch.arange(12.0).reshape(3, 4))

@@ -112,9 +112,16 @@ register_backend("slowdisk", _throttled_factory)
 # --------------------------------------------------------------------------- crash
 
 
-async def crash(dest: str, prefix: str, tasks: int, high: int) -> None:
-    """Dump a stream of mixed-size payloads until killed; READY after the first commit."""
-    async with trajtrack.Tracker(dest, workers=4, record_interval=0.2) as tracker:
+async def crash(dest: str, prefix: str, tasks: int, high: int, layout: str = "files") -> None:
+    """Dump a stream of mixed-size payloads until killed; READY after the first commit.
+
+    With ``layout="shards"``: small shards sealed often (256 KiB, 0.2 s), so that kills land
+    while shards are being appended to, sealed, uploaded and renamed.
+    """
+    options: dict[str, Any] = {}
+    if layout == "shards":
+        options = {"layout": "shards", "shard_max_bytes": 256 * KIB, "shard_max_age": 0.2}
+    async with trajtrack.Tracker(dest, workers=4, record_interval=0.2, **options) as tracker:
         first = anyio.Event()
 
         async def producer(task: int) -> None:
@@ -311,7 +318,7 @@ def main(argv: list[str]) -> None:
         zygote()
         return
     if mode == "crash":
-        anyio.run(crash, args[0], args[1], int(args[2]), int(args[3]))
+        anyio.run(crash, args[0], args[1], int(args[2]), int(args[3]), *args[4:])
     elif mode == "exit_pending":
         exit_pending(int(args[0]))
     elif mode == "sigterm":

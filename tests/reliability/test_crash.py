@@ -219,3 +219,115 @@ async def _check_storage(storage: trajtrack.backends.Storage, dead: set[int]) ->
         owner = parse_temp_path(info.path)
         if owner is not None:
             assert owner[1] not in dead - recent, info.path
+
+
+# --------------------------------------------------------------------------- shards layout
+
+
+def _check_shards_after_kill(dest: Path, dead: set[int]) -> int:
+    """Every committed shard is a whole tar whose members load and equal their source."""
+    import io
+    import tarfile
+
+    import torch
+
+    from trajtrack.layouts.shards import SHARDS_DIR
+
+    from ._payloads import payload_for
+
+    checked = 0
+    for shard in sorted((dest / SHARDS_DIR).glob("*.tar")):
+        data = shard.read_bytes()
+        assert data.endswith(bytes(1024)), f"{shard.name}: no end-of-archive blocks"
+        with tarfile.open(fileobj=io.BytesIO(data)) as archive:  # a truncated one raises
+            for member in archive.getmembers():
+                body = archive.extractfile(member).read()  # type: ignore[union-attr]
+                name = member.name.removesuffix(".pth")
+                loaded = torch.load(io.BytesIO(body), weights_only=True)
+                assert loaded["name"] == name
+                assert torch.equal(loaded["data"], payload_for(name, KIB, HIGH)["data"])
+                checked += 1
+    for record in records(dest):
+        if record.shard is None:
+            continue
+        raw = (dest / record.shard).read_bytes()  # recorded: the shard is there, whole
+        body = raw[record.offset : record.offset + record.size]  # type: ignore[operator]
+        assert f"crc32:{zlib.crc32(body):08x}" == record.checksum, record.path
+    for path, (_host, pid) in temp_files(dest):
+        assert pid not in dead, f"temp file or spool of an earlier dead writer left: {path}"
+    return checked
+
+
+def test_sigkill_at_random_moments_shards_local(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    seed = int(os.environ.get("TRAJTRACK_CRASH_SEED", time.time_ns() % 100_000))
+    rng = random.Random(seed)
+    dest = tmp_path / "run"
+    zygote = Child("zygote")
+    zygote.wait_line("ZYGOTE")
+    dead: set[int] = set()
+    checked = 0
+    try:
+        for trial in range(_trials(request)):
+            zygote.send(f"crash slowdisk://{dest} k{trial} {TASKS} {HIGH} shards")
+            pid = int(zygote.wait_line("PID"))
+            zygote.wait_line("READY")
+            time.sleep(rng.uniform(0.0, 0.5))
+            os.kill(pid, 9)
+            assert zygote.wait_line("EXIT") == f"{pid} -9", f"seed {seed}"
+            checked += _check_shards_after_kill(dest, dead)
+            dead.add(pid)
+    finally:
+        zygote.finish()
+    assert checked >= 1, f"seed {seed}: no shard was ever committed"
+    with SyncRun(dest) as run:  # what the reader lists loads, and is the source
+        for info in run.list(refresh=True):
+            assert info.shard is not None and info.problem is None
+            assert run.load(info)["name"] == info.name
+
+
+@pytest.mark.hdfs
+async def test_sigkill_at_random_moments_shards_hdfs(
+    hdfs_url: str, request: pytest.FixtureRequest
+) -> None:
+    from trajtrack.backends import open_storage
+    from trajtrack.reader import open_run
+
+    from ._payloads import payload_for
+
+    seed = time.time_ns() % 100_000
+    rng = random.Random(seed)
+    zygote = Child("zygote")
+    zygote.wait_line("ZYGOTE")
+    dead: set[int] = set()
+    try:
+        for trial in range(_trials(request) // 2):
+            zygote.send(f"crash {hdfs_url} k{trial} {TASKS} {HIGH} shards")
+            pid = int(zygote.wait_line("PID"))
+            zygote.wait_line("READY")
+            await anyio.sleep(rng.uniform(0.0, 0.8))
+            os.kill(pid, 9)
+            assert zygote.wait_line("EXIT") == f"{pid} -9", f"seed {seed}"
+            dead.add(pid)
+    finally:
+        zygote.finish()
+    async with open_run(hdfs_url) as run:
+        listing = await run.list()
+        assert listing, f"seed {seed}: nothing committed"
+        for info in listing:  # members of committed shards, one ranged read each
+            assert info.shard is not None and info.present and info.problem is None
+            loaded = await run.load(info)
+            assert torch_equal(loaded["data"], payload_for(info.name, KIB, HIGH)["data"])
+    storage = open_storage(hdfs_url)
+    await storage.prepare()
+    try:
+        await _a_later_tracker_sweeps_every_dead_writers_temps(hdfs_url, storage, dead)
+    finally:
+        await storage.aclose()
+
+
+def torch_equal(a: object, b: object) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))  # type: ignore[arg-type]

@@ -66,6 +66,41 @@ def test_trajtrack_own_switch_and_directory(
     assert (tmp_path / "own" / "own.pth").exists()
 
 
+def test_the_environment_chooses_the_shards_layout(
+    enabled: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAJTRACK_LAYOUT", "shards")
+    monkeypatch.setenv("TRAJTRACK_SHARD_MAX_BYTES", "30000")
+    monkeypatch.setenv("TRAJTRACK_SHARD_MAX_AGE", "600")
+    handles = [
+        trajtrack.dump_data({"i": i, "x": torch.full((500,), float(i))}, f"s{i}") for i in range(10)
+    ]
+    trajtrack.get_tracker().flush(timeout=60)
+    records = [h.result(timeout=30) for h in handles if h is not None]
+    assert trajtrack.get_tracker().tracker.layout == "shards"
+    assert all(r.shard is not None for r in records)
+    assert len({r.shard for r in records}) >= 2  # sealed by the configured size
+    assert not list(enabled.glob("*.pth"))  # nothing as a file of its own
+    with trajtrack.SyncRun(enabled) as run:
+        assert torch.equal(run.load("s7")["x"], torch.full((500,), 7.0))
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "message"),
+    [
+        ("TRAJTRACK_LAYOUT", "zip", "TRAJTRACK_LAYOUT"),
+        ("TRAJTRACK_SHARD_MAX_BYTES", "lots", "TRAJTRACK_SHARD_MAX_BYTES"),
+        ("TRAJTRACK_SHARD_MAX_AGE", "0", "TRAJTRACK_SHARD_MAX_AGE"),
+    ],
+)
+def test_a_bad_layout_setting_is_a_clear_error(
+    enabled: Path, monkeypatch: pytest.MonkeyPatch, var: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigurationError, match=message):
+        trajtrack.dump_data({"x": torch.ones(1)}, "x")
+
+
 def test_dump_data_from_many_threads(enabled: Path) -> None:
     def worker(rank: int) -> None:
         for i in range(25):

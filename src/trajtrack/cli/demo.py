@@ -16,7 +16,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.to_thread
@@ -55,6 +55,7 @@ class DemoConfig:
     perturb_step: int = 2
     perturb_prompt: int = 3
     perturbation: float = 1e-3
+    layout: Literal["files", "shards"] = "shards"  # a sample per dump: many small dumps
 
 
 _DEFAULTS = DemoConfig()
@@ -87,6 +88,13 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("--n", type=int, default=_DEFAULTS.n, help="responses per prompt")
     parser.add_argument("--seed", type=int, default=_DEFAULTS.seed, help="the shared seed")
+    parser.add_argument(
+        "--layout",
+        choices=("shards", "files"),
+        default=_DEFAULTS.layout,
+        help="storage layout: dumps packed into tar shards (default, right for per-sample "
+        "dumps) or one .pth file per dump",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -98,6 +106,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
         seed=args.seed,
         perturb_step=min(_DEFAULTS.perturb_step, args.steps - 1),
         perturb_prompt=min(_DEFAULTS.perturb_prompt, args.prompts - 1),
+        layout=args.layout,
     )
     if config.steps < 1 or config.prompts < 1 or config.n < 2:
         raise ConfigurationError("the demo needs --steps >= 1, --prompts >= 1 and --n >= 2")
@@ -108,7 +117,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     streams.line(
         f"Simulating 2 runs of an async rollouter: {config.steps} steps x {config.prompts} "
         f"concurrent prompts x n={config.n}, seed {config.seed}; run B adds "
-        f"{config.perturbation:g} to one element of {target}."
+        f"{config.perturbation:g} to one element of {target}; layout: {config.layout}."
     )
     for label, url, perturb in (("A", url_a, False), ("B", url_b, True)):
         started = time.perf_counter()
@@ -165,6 +174,7 @@ def _try_next(streams: Streams, base: str, url_a: str, url_b: str, target: str) 
         f"  trajtrack diff {url_a} {url_b} --atol 1e-2   # within tolerance: exit 0",
         f"  trajtrack diff {url_a} {url_b} --json        # for scripts",
         f"  trajtrack verify {url_a}                     # sizes and checksums vs the record",
+        f"  trajtrack export {url_a} {base}/run_a_files   # one .pth per dump, for torch.load",
         "  HDFS (pip install 'trajtrack[hdfs]'):",
         "    trajtrack demo webhdfs://NAMENODE:9870/user/$USER/trajtrack-demo",
         "    trajtrack diff hdfs://NAMESERVICE/user/$USER/run_a hdfs://NAMESERVICE/user/$USER/run_b",
@@ -207,7 +217,7 @@ async def simulate_run(url: str, config: DemoConfig, *, perturb: bool) -> Tracke
     the same config are equal dump for dump.
     """
     aggregator = MetricsAggregator(total_gpus=8)
-    async with Tracker(url, record_interval=1.0) as tracker:
+    async with Tracker(url, record_interval=1.0, layout=config.layout) as tracker:
         for step in range(config.steps):
             samples: list[Any] = [None] * config.prompts
 
