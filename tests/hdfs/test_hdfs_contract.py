@@ -43,7 +43,9 @@ async def test_hdfs_url_resolved_through_the_cluster_configuration(
     hdfs_cluster: HdfsCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HADOOP_CONF_DIR", str(hdfs_cluster.conf_dir))
-    storage = open_storage(f"{hdfs_cluster.hdfs_url}/tests/resolved")
+    # open_storage reads the Hadoop configuration files: in a thread, as the tracker does
+    url = f"{hdfs_cluster.hdfs_url}/tests/resolved"
+    storage = await anyio.to_thread.run_sync(open_storage, url)
     assert isinstance(storage, WebHdfsStorage)
     assert storage.namenodes == (f"http://127.0.0.1:{hdfs_cluster.http_port}",)
     await storage.prepare()

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
 import torch
 
@@ -298,8 +299,10 @@ async def test_the_driver_can_await_the_actor(
 ) -> None:
     import trajtrack.ray as tr
 
-    actor = tr.get_trajectory_tracker()
-    tr.dump_data({"x": torch.ones(1)}, "awaited")
+    # The blocking calls (a Ray lookup, a dump's round trip) in a thread, as a driver's event
+    # loop must; then awaiting the actor's methods, which is what this test is about.
+    actor = await anyio.to_thread.run_sync(tr.get_trajectory_tracker)
+    await anyio.to_thread.run_sync(tr.dump_data, {"x": torch.ones(1)}, "awaited")
     await actor.flush.remote(RAY_TIMEOUT)
     stats = await actor.statistics.remote()
     assert stats.committed == 1

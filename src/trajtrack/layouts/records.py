@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity
@@ -57,9 +57,20 @@ class DumpRecord:
     offset: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out = {"v": FORMAT_VERSION, **asdict(self)}
-        if self.shard is None:  # the files layout's lines stay as they always were
-            del out["shard"], out["offset"]
+        out: dict[str, Any] = {
+            "v": FORMAT_VERSION,
+            "name": self.name,
+            "path": self.path,
+            "size": self.size,
+            "checksum": self.checksum,
+            "host": self.host,
+            "pid": self.pid,
+            "rank": self.rank,
+            "writer": self.writer,
+            "time": self.time,
+        }
+        if self.shard is not None:  # the files layout's lines stay as they always were
+            out["shard"], out["offset"] = self.shard, self.offset
         return out
 
     @classmethod
@@ -88,8 +99,12 @@ def segment_path(writer: str, sequence: int) -> str:
     return f"{RECORDS_PREFIX}/{writer}-{sequence:06d}.jsonl"
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True)  # once: json.dumps(sort_keys=...) makes one a call
+
+
 def encode_segment(records: list[DumpRecord]) -> bytes:
-    return "".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in records).encode()
+    encode = _ENCODER.encode
+    return "".join([encode(r.to_json()) + "\n" for r in records]).encode()
 
 
 def decode_segment(data: bytes) -> tuple[list[DumpRecord], int]:

@@ -81,11 +81,42 @@ def member_header(name: str, size: int, mtime: float) -> bytes:
         raise ShardFormatError(
             f"{name}: {size} bytes; a shard member must stay below 8 GiB (use layout='files')"
         )
+    if len(name) < 100 and name.isascii():  # the common case: one ustar block, built here
+        return _ustar_header(name.encode("ascii"), size, int(mtime))
     info = tarfile.TarInfo(name)
     info.size = size
     info.mtime = int(mtime)
     info.mode = _MEMBER_MODE
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+_USTAR_TAIL: Final = b"ustar\x0000" + bytes(32 + 32 + 8 + 8 + 155 + 12)  # devs empty, as tarfile
+
+
+def _ustar_header(name: bytes, size: int, mtime: int) -> bytes:
+    """One ustar block for a regular file, as ``tarfile`` writes it for a short ASCII name.
+
+    Fields (POSIX.1-1988): name 100, mode 8, uid 8, gid 8, size 12, mtime 12, chksum 8,
+    typeflag 1, linkname 100, then magic ``ustar\0`` and version ``00``, uname 32, gname 32,
+    devmajor 8, devminor 8 (empty for a regular file), prefix 155, and padding to 512. The
+    checksum is the sum of the block's bytes with the checksum field read as eight spaces.
+    """
+    head = b"".join(
+        (
+            name.ljust(100, b"\x00"),
+            b"%07o\x00" % _MEMBER_MODE,
+            b"0000000\x00",
+            b"0000000\x00",
+            b"%011o\x00" % size,
+            b"%011o\x00" % mtime,
+            b"        ",
+            b"0",  # REGTYPE
+            bytes(100),
+        )
+    )
+    block = head + _USTAR_TAIL
+    checksum = b"%06o\x00 " % sum(block)
+    return block[:148] + checksum + block[156:]
 
 
 @lru_cache(maxsize=4096)
