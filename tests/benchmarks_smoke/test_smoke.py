@@ -1,4 +1,8 @@
-"""Keep the benchmark harness working: a smoke run, never an assertion on a timing."""
+"""Keep the benchmark harness working: a smoke run, never an assertion on a timing.
+
+Marked ``bench``: outside the default selection (``python3 -m pytest`` skips them), run by
+``.ci/run`` with ``python3 -m pytest -m bench``.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.bench
+
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.__main__ import targets  # noqa: E402
@@ -91,6 +97,22 @@ def test_targets_are_checked_against_the_figures_of_the_run() -> None:
     assert by_name["dump() p50, process without Ray, vs verl"]["measured"] == 125.0
     assert by_name["event-loop max lag, 256 MB dumps (ms, worst)"]["met"] is False
     assert by_name["128 MB MB/s vs raw WebHDFS write"]["met"] is None  # not measured
+
+
+def test_shards_benchmark_quick_smoke_run(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_shards.py"), "--quick", "--no-hdfs"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "TRAJTRACK_BENCH_RESULTS": str(tmp_path / "results")},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "shards vs inline" in done.stdout
+    result = json.loads((tmp_path / "results" / "shards-quick.json").read_text())
+    assert set(result["local"]["dumps_per_s"]) == {"inline", "torch.save alone", "files", "shards"}
+    assert result["local"]["steady_stream"]["shard_files"] >= 1
 
 
 def test_archive_benchmark_quick_smoke_run(tmp_path: Path) -> None:
