@@ -79,6 +79,7 @@ __all__ = (
     "TrackerClosedError",
     "TrackerFailedError",
     "TrackerState",
+    "TrackerStateError",
     "TrackerStatistics",
     "TrajtrackError",
     "UnsafeLoadError",

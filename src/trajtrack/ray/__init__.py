@@ -31,12 +31,12 @@ Read the modules in this order::
 
 from __future__ import annotations
 
-from trajtrack._exceptions import MissingDependencyError
+from trajtrack import _exceptions
 
 try:
     import ray as _ray  # noqa: F401  (only to fail early, with the install hint)
 except ImportError as _exc:
-    raise MissingDependencyError(
+    raise _exceptions.MissingDependencyError(
         f"trajtrack.ray needs Ray ({_exc}): pip install 'trajtrack[ray]'"
     ) from _exc
 
