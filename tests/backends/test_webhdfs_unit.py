@@ -18,8 +18,9 @@ from trajtrack import (
     StoragePermissionError,
     StorageUnavailableError,
 )
-from trajtrack.backends import _FACTORIES, open_storage
+from trajtrack.backends import open_storage
 from trajtrack.backends._hadoop_conf import resolve_target
+from trajtrack.backends._registry import _FACTORIES
 from trajtrack.backends._webhdfs_errors import translate
 from trajtrack.backends.webhdfs import WebHdfsStorage
 

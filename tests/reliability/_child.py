@@ -37,9 +37,9 @@ class SlowLocalStorage(LocalStorage):
 
     delay = 0.01
 
-    def _write_sync(self, path: str, payload: Any, overwrite: bool) -> Any:
+    def _write_sync(self, path: str, payload: Any, overwrite: bool, *rest: Any) -> Any:
         time.sleep(self.delay)
-        return super()._write_sync(path, payload, overwrite)
+        return super()._write_sync(path, payload, overwrite, *rest)
 
 
 class _ThrottledOut:

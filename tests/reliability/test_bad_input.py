@@ -178,12 +178,14 @@ async def test_plain_tensor_on_a_lost_device(
     tmp_path: Path, started: trajtrack.Tracker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Simulated: the snapshot copy of a plain tensor raises what CUDA raises for a lost device.
+    import trajtrack.tracker._payloads as payloads
     import trajtrack.tracker._snapshot as snapshot
 
     def lost(*_args: Any) -> Any:
         raise RuntimeError("CUDA error: device not ready (simulated)")
 
-    monkeypatch.setattr(snapshot, "_copy_tensor", lost)
+    monkeypatch.setattr(snapshot, "_copy_tensor", lost)  # copied (larger dumps)
+    monkeypatch.setattr(payloads, "archive_plan", lost)  # serialized at once (small dumps)
     with anyio.fail_after(30), pytest.raises(SerializationError, match="device not ready"):
         await started.dump({"obs": torch.ones(8)}, "bad/lost")
     big = {"obs": torch.ones(1 << 19)}  # copied in a worker thread: same error, same type

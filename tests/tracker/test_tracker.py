@@ -35,7 +35,6 @@ from trajtrack import (
 )
 from trajtrack.backends.memory import MemoryStorage
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
-from trajtrack.tracker._snapshot import measure_plain
 
 
 def load(path: Path) -> Any:
@@ -261,11 +260,23 @@ async def test_drop_oldest_policy_discards_queued_not_in_flight() -> None:
     assert stats.committed == 3
 
 
+async def _charged_bytes(obj: Any) -> int:
+    """What the memory budget counts for one dump of *obj* (held in a blocked worker)."""
+    gate = Gate()
+    async with memory_tracker(gate, workers=1) as tracker:
+        handle = await tracker.dump(obj, "probe")
+        await anyio.to_thread.run_sync(gate.entered.acquire)
+        charged = tracker.statistics().pending_bytes
+        gate.opened.set()
+        await handle
+    return charged
+
+
 async def test_drop_oldest_under_a_byte_budget_frees_exactly_what_it_drops() -> None:
     def block(i: int) -> dict[str, Any]:
         return {"i": i, "x": torch.full((1000,), float(i))}
 
-    size = measure_plain(block(0))
+    size = await _charged_bytes(block(0))
     gate = Gate()
     async with memory_tracker(
         gate, max_pending_bytes=3 * size, full_policy="drop_oldest", workers=1

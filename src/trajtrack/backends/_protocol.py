@@ -68,6 +68,10 @@ class BytesPayload:
     def write_to(self, out: BinaryIO) -> None:
         out.write(self.data)
 
+    def counted(self) -> WriteResult:
+        """Size and CRC-32 of the bytes (for a backend that writes ``data`` itself)."""
+        return WriteResult(self.data.nbytes, checksum_of(self.data))
+
 
 @dataclass(frozen=True, slots=True)
 class FileInfo:

@@ -32,6 +32,7 @@ from trajtrack._exceptions import (
     StoragePermissionError,
 )
 from trajtrack.backends._protocol import (
+    BytesPayload,
     FileInfo,
     ItemDone,
     Payload,
@@ -185,27 +186,43 @@ class LocalStorage:
         self, items: Sequence[tuple[str, Payload]], overwrite: bool, done: ItemDone | None
     ) -> builtins.list[WriteResult | Exception]:
         outcomes: builtins.list[WriteResult | Exception] = []
-        for index, (path, payload) in enumerate(items):
-            outcome: WriteResult | Exception
-            try:
-                outcome = self._write_sync(path, payload, overwrite)
-            except Exception as exc:  # this item's outcome; the others go on
-                outcome = exc
-            outcomes.append(outcome)
-            if done is not None:
-                done(index, outcome)
+        directories: dict[tuple[str, ...], int] = {}  # opened once per batch, not per file
+        try:
+            for index, (path, payload) in enumerate(items):
+                outcome: WriteResult | Exception
+                try:
+                    outcome = self._write_sync(path, payload, overwrite, directories)
+                except Exception as exc:  # this item's outcome; the others go on
+                    outcome = exc
+                outcomes.append(outcome)
+                if done is not None:
+                    done(index, outcome)
+        finally:
+            for fd in directories.values():
+                os.close(fd)
         return outcomes
 
-    def _write_sync(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
-        final = self._resolve(path)
-        *parents, name = path.split("/")
+    def _write_sync(
+        self,
+        path: str,
+        payload: Payload,
+        overwrite: bool,
+        directories: dict[tuple[str, ...], int] | None = None,
+    ) -> WriteResult:
+        *parents, name = check_relative(path).split("/")
         temp = temp_path_for(name, self._who)
-        with _translated(str(final)):
-            directory = self._open_dir(parents)
+        with _translated(f"{self._root}/{path}"):
+            key = tuple(parents)
+            directory = None if directories is None else directories.get(key)
+            if directory is None:
+                directory = self._open_dir(parents)
+                if directories is not None:
+                    directories[key] = directory
             try:
                 return self._write_in(directory, temp, name, payload, overwrite)
             finally:
-                os.close(directory)
+                if directories is None:
+                    os.close(directory)
 
     def _write_in(
         self, directory: int, temp: str, name: str, payload: Payload, overwrite: bool
@@ -234,6 +251,14 @@ class LocalStorage:
     def _write_temp(self, directory: int, temp: str, payload: Payload) -> WriteResult:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | _NOFOLLOW
         fd = os.open(temp, flags, self._file_mode, dir_fd=directory)
+        if isinstance(payload, BytesPayload):  # bytes already: written as they are, unbuffered
+            try:
+                _write_all(fd, payload.data)
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            return payload.counted()
         with os.fdopen(fd, "wb", buffering=_WRITE_BUFFER) as handle:
             result = write_payload(payload, handle)
             handle.flush()
@@ -326,6 +351,12 @@ class LocalStorage:
 
     def __repr__(self) -> str:
         return f"LocalStorage({str(self._root)!r})"
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    written = 0
+    while written < data.nbytes:
+        written += os.write(fd, data[written:])
 
 
 def _translate(exc: OSError, where: str) -> StorageError:

@@ -7,6 +7,7 @@ checked before anything is queued, so a bad name can never write outside the des
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import secrets
@@ -160,8 +161,32 @@ def temp_path_for(path: str, who: WriterIdentity) -> str:
     # A long final name would make the temporary name exceed 255 bytes: keep a prefix of it
     # (the temporary name only has to be unique and to say who wrote it).
     short = base.encode("utf-8", "surrogatepass")[:100].decode("utf-8", "ignore")
-    temp = f".{short}{_TEMP_MARK}{who.host}~{who.pid}~{secrets.token_hex(4)}"
+    temp = f".{short}{_TEMP_MARK}{who.host}~{who.pid}~{_unique()}"
     return f"{head}/{temp}" if head else temp
+
+
+class _Unique:
+    """Tokens unique within a process (a counter) and across its lifetimes (a random salt).
+
+    Cheaper than ``secrets.token_hex`` per temporary file (no system call), and as unique:
+    the host and pid name the process, the salt tells a reused pid apart, the counter the
+    files of one process. A forked child salts anew.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._salt = secrets.token_hex(3)
+        self._counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self._salt}{next(self._counter):x}"
+
+
+_unique = _Unique()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unique.reset)
 
 
 def parse_temp_path(path: str) -> tuple[str, int] | None:

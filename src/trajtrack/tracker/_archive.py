@@ -123,6 +123,7 @@ class _Pickler(pickle.Pickler):
     # Set by archive_plan (a Python __init__ would cost more than the C pickler's own).
     refs: dict[int, _StorageRef]  # by id() of the storage object, which the ref keeps alive
     dtypes: dict[int, torch.dtype]  # torch.save's check: one dtype per memory
+    part_views: bool  # a tensor seen first holds only part of its storage
 
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) is _StorageRef:  # a fresh tuple each time, as torch.save makes
@@ -188,6 +189,8 @@ class _Pickler(pickle.Pickler):
         self, storage: torch.UntypedStorage, tensor: torch.Tensor, storage_type: Any
     ) -> _StorageRef:
         nbytes = storage.nbytes()
+        if nbytes > tensor.numel() * tensor.element_size():
+            self.part_views = True
         ref = _StorageRef()
         ref.key = str(len(self.refs))  # torch's keys: "0", "1", ... in order of appearance
         if storage_type is None:
@@ -214,6 +217,7 @@ def archive_plan(obj: Any, *, serialization_id: str | None = None) -> ArchivePla
     pickler = _Pickler(buffer, _PROTOCOL)
     pickler.refs = {}
     pickler.dtypes = {}
+    pickler.part_views = False
     try:
         pickler.dump(obj)
     except NotArchivable:
@@ -221,7 +225,9 @@ def archive_plan(obj: Any, *, serialization_id: str | None = None) -> ArchivePla
     except Exception as exc:  # torch_save then raises the real error, if there is one
         raise NotArchivable(f"{type(exc).__name__}: {exc}") from exc
     views = [ref.view for ref in pickler.refs.values()]
-    return ArchivePlan(buffer.getvalue(), views, serialization_id)
+    plan = ArchivePlan(buffer.getvalue(), views, serialization_id)
+    plan.part_views = pickler.part_views
+    return plan
 
 
 def write_archive(

@@ -20,6 +20,7 @@ import anyio
 from trajtrack._exceptions import StorageError
 from trajtrack._retry import RetryPolicy, retry_async
 from trajtrack.backends import Storage, WriteResult
+from trajtrack.tracker._payloads import FilePayload, release_spool
 from trajtrack.tracker._queue import Job, PendingQueue
 from trajtrack.tracker._worker import Outcomes, Spawn
 
@@ -67,6 +68,7 @@ class FilesLayout:
             # one write that hangs holds back no other dump of the batch.
             job = jobs[index]
             if isinstance(outcome, WriteResult):
+                release_spool(job.payload)  # here, in a thread: an unlink
                 self._outcomes.committed(job, outcome.size, outcome.checksum)
             elif isinstance(outcome, StorageError) and outcome.retryable:
                 again.append(job)
@@ -95,8 +97,10 @@ class FilesLayout:
                 on_retry=functools.partial(self._outcomes.retrying, what),
             )
         except Exception as exc:  # any failure belongs to this dump, never to the worker
+            await _release_spool(job)
             self._outcomes.failed(job, exc)
         else:
+            await _release_spool(job)
             self._outcomes.committed(job, result.size, result.checksum)
 
     async def seal_after(self, jobs: list[Job]) -> None:
@@ -107,3 +111,9 @@ class FilesLayout:
 
     def discard(self) -> None:
         return None
+
+
+async def _release_spool(job: Job) -> None:
+    """Delete the job's spool file, if any, in a thread (before its outcome is reported)."""
+    if isinstance(job.payload, FilePayload):
+        await anyio.to_thread.run_sync(job.payload.release)

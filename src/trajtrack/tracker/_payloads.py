@@ -25,6 +25,7 @@ from typing import Any, BinaryIO, Final
 
 from trajtrack._exceptions import SerializationError
 from trajtrack.backends import BytesPayload, ChecksumWriter, WriteResult
+from trajtrack.tracker._archive import NotArchivable, archive_plan
 from trajtrack.tracker._forkgate import FORK_GATE
 from trajtrack.tracker._serialize import Serializer, serialize_plain, torch_save
 
@@ -34,7 +35,10 @@ __all__ = [
     "DeferredPayload",
     "FilePayload",
     "ObjectPayload",
+    "SerializedPayload",
     "SpoolPayload",
+    "release_spool",
+    "serialize_small",
     "serialize_to_file",
     "serialize_to_spool",
 ]
@@ -92,6 +96,46 @@ class ObjectPayload:
                 self.serializer(self.obj, out)
         except (pickle.PicklingError, TypeError, AttributeError, RuntimeError) as exc:
             raise SerializationError(f"could not serialize the dump: {exc}") from exc
+
+
+class SerializedPayload(BytesPayload):
+    """A small dump already serialized at ``dump()`` time, with its size and CRC-32.
+
+    For small plain data one pass (the archive writer, tens of microseconds for 4 KB) is both
+    the snapshot and the serialization: cheaper than a copy now and a serialization later, and
+    the storage does not compute the checksum again (:meth:`write_counted`).
+    """
+
+    def __init__(self, data: bytes | bytearray | memoryview, checksum: str) -> None:
+        super().__init__(data)
+        self._result = WriteResult(self.data.nbytes, checksum)
+
+    def write_counted(self, out: BinaryIO) -> WriteResult:
+        out.write(self.data)
+        return self._result
+
+    def counted(self) -> WriteResult:
+        return self._result
+
+
+def serialize_small(obj: Any) -> SerializedPayload | None:
+    """Small plain data serialized now with the archive writer, or ``None`` (then copy it).
+
+    ``None`` also when a tensor is a view of part of a storage: ``torch.save`` would write
+    the whole storage (which may be large) where a copy keeps only the view.
+    """
+    try:
+        with FORK_GATE.torch_work():
+            plan = archive_plan(obj)
+            if plan.part_views:
+                return None
+            buffer = io.BytesIO()
+            written = plan.write_to(buffer)
+    except NotArchivable:
+        return None
+    except RuntimeError as exc:  # e.g. a tensor whose memory cannot be read any more
+        raise SerializationError(f"could not read a tensor for the dump: {exc}") from exc
+    return SerializedPayload(buffer.getbuffer(), written[1])
 
 
 class DeferredPayload(ObjectPayload):
@@ -193,6 +237,17 @@ class FilePayload:
 
     def __del__(self) -> None:
         self.release()
+
+
+def release_spool(payload: object) -> None:
+    """Delete *payload*'s spool file now, if it has one (blocking: an unlink).
+
+    Called where blocking is allowed, before the dump's outcome is reported: then neither
+    the caller finds the file still there, nor a garbage collection on the event loop
+    deletes it.
+    """
+    if isinstance(payload, FilePayload):
+        payload.release()
 
 
 def serialize_to_file(obj: Any, serializer: Serializer, path: str) -> FilePayload:

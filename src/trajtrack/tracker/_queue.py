@@ -74,6 +74,7 @@ class PendingQueue:
         self._closed = False
         self._closed_error: Callable[[], Exception] = _closed_error
         self._idle = 0  # workers waiting in get()
+        self._loop_waiters = 0  # producers waiting in put() for space
         self._wake_scheduled = False  # a cross-thread wake-up is on its way to the loop
         self._waker = _Waker(loop, self._set_nonempty)
         # Loop-side wake-ups; replaced after each set so that waiters see fresh events.
@@ -160,15 +161,27 @@ class PendingQueue:
 
     async def put(self, job: Job, policy: FullPolicy, deadline: float | None) -> None:
         """Admit *job*, waiting on the loop for space under ``block``/``drop_oldest``."""
-        while not self.offer(job, policy):
-            event = self._space_freed
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError(self._full_message(job))
+        if self.offer(job, policy):
+            return
+        while True:
+            # Registered (with the event to wait for) before trying again, under the lock that
+            # done() takes: a job that ends from now on sees a waiter and wakes it.
+            with self._lock:
+                self._loop_waiters += 1
+                event = self._space_freed
             try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except asyncio.TimeoutError:
-                raise TimeoutError(self._full_message(job)) from None
+                if self.offer(job, policy):
+                    return
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(self._full_message(job))
+                try:
+                    await asyncio.wait_for(event.wait(), remaining)
+                except asyncio.TimeoutError:
+                    raise TimeoutError(self._full_message(job)) from None
+            finally:
+                with self._lock:
+                    self._loop_waiters -= 1
 
     def put_blocking(self, job: Job, policy: FullPolicy, deadline: float | None) -> None:
         """Admit *job* from a foreign thread, waiting on a condition for space."""
@@ -300,6 +313,11 @@ class PendingQueue:
     def _wake_space_waiters(self) -> None:
         with self._lock:
             self._space.notify_all()
+            waiting = self._loop_waiters > 0
+        if not waiting:
+            # Nobody waits on the loop: no wake-up (from a writer thread, each one is a write
+            # to the loop's self-pipe, per finished dump).
+            return
         if self._in_loop():
             self._set_space_freed()
         elif not self._loop.is_closed():

@@ -1,8 +1,11 @@
 """Choosing how to snapshot a dump: copy it on the caller's thread, or serialize it in a thread.
 
-* Plain data up to ``inline_bytes`` (and CUDA tensors at any size: a device clone plus an
-  asynchronous device-to-host copy) is copied right away on the caller's thread -- a 4 KB
-  tensor dict costs microseconds; the upload worker serializes the copy later.
+* Small plain data (up to :data:`SERIALIZE_NOW_MAX_BYTES`) with the default serializer is
+  serialized right away, with the archive writer: one pass that is both the snapshot and the
+  serialization (a 4 KB tensor dict: tens of microseconds), and the file's checksum with it.
+* Other plain data up to ``inline_bytes`` (and CUDA tensors at any size: a device clone plus
+  an asynchronous device-to-host copy) is copied right away on the caller's thread -- a
+  few microseconds per small tensor; the upload worker serializes the copy later.
 * Larger plain data is serialized straight into a named spool file in a worker thread (faster
   than copying it in memory, and it holds no RAM); a local destination then renames that file
   into place.
@@ -22,8 +25,8 @@ import anyio.to_thread
 
 from trajtrack.backends import Payload
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
-from trajtrack.tracker._payloads import ObjectPayload, serialize_to_file, serialize_to_spool
-from trajtrack.tracker._serialize import Serializer
+from trajtrack.tracker._payloads import serialize_small, serialize_to_file, serialize_to_spool
+from trajtrack.tracker._serialize import Serializer, torch_save
 from trajtrack.tracker._snapshot import (
     NotPlainError,
     has_cuda_tensor,
@@ -31,7 +34,11 @@ from trajtrack.tracker._snapshot import (
     snapshot_plain,
 )
 
-__all__ = ["Snapshotter"]
+__all__ = ["SERIALIZE_NOW_MAX_BYTES", "Snapshotter"]
+
+SERIALIZE_NOW_MAX_BYTES = 64 << 10
+"""Plain data up to this size is serialized by ``dump()`` itself (the archive writer holds
+the GIL for about a microsecond per hundred bytes here: tens of microseconds at most)."""
 
 
 class Snapshotter:
@@ -83,7 +90,16 @@ class Snapshotter:
     def _copy_inline(self, obj: Any, nbytes: int | None) -> bool:
         return nbytes is not None and (nbytes <= self._inline_bytes or has_cuda_tensor(obj))
 
-    def _plain(self, obj: Any, nbytes: int | None) -> ObjectPayload:
+    def _plain(self, obj: Any, nbytes: int | None) -> Payload:
+        if (
+            nbytes is not None
+            and nbytes <= SERIALIZE_NOW_MAX_BYTES
+            and self._serializer is torch_save
+            and not has_cuda_tensor(obj)  # a CUDA copy must not make the caller wait
+        ):
+            serialized = serialize_small(obj)
+            if serialized is not None:
+                return serialized
         payload = snapshot_plain(obj, nbytes)
         payload.serializer = self._serializer
         return payload

@@ -197,6 +197,8 @@ class ArchivePlan:
         self._layout = _layout(len(pickled), sizes, id_size)
         self.nbytes: int = self._layout.nbytes
         """The exact size of the archive."""
+        self.part_views = False
+        """Whether a tensor holds only part of its storage (whose every byte is written)."""
 
     def write_to(self, out: Writable) -> tuple[int, str]:
         """Write the archive to *out*: ``(size, "crc32:<8 hex>")`` of the bytes written.
