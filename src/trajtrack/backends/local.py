@@ -178,6 +178,10 @@ class LocalStorage:
         target = self._resolve(path)
         return await anyio.to_thread.run_sync(_read_file, target)
 
+    def local_path(self, path: str) -> str | None:
+        """The file :meth:`read` reads for *path*, as a local path (readers may open it)."""
+        return str(self._resolve(path))
+
     async def list(self, prefix: str = "") -> list[FileInfo]:
         return await anyio.to_thread.run_sync(self._list_sync, prefix)
 

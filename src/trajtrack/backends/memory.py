@@ -132,6 +132,10 @@ class MemoryStorage:
         with self._lock:
             self._files.pop(self._key(path), None)
 
+    def local_path(self, path: str) -> str | None:
+        """``None``: the files of this storage are not on the local filesystem."""
+        return None
+
     def put_raw(self, path: str, data: bytes) -> None:
         """Place bytes directly (tests: plant temp files, corrupt dumps)."""
         with self._lock:

@@ -404,6 +404,10 @@ class WebHdfsStorage:
         with self._client() as client:
             return self._call(client, f"OPEN {target}", read)
 
+    def local_path(self, path: str) -> str | None:
+        """``None``: HDFS files are read through WebHDFS, never from the local filesystem."""
+        return None
+
     async def list(self, prefix: str = "") -> list[FileInfo]:
         return await self._run(self._list_sync, prefix)
 

@@ -2,11 +2,14 @@
 
 Read the modules in this order::
 
-    _run.py        Run / SyncRun / open_run: the list of dumps (record + listing), reading
-    _safe_load.py  loading a dump safely (weights-only, trajtrack's allow-list)
-    _compare.py    compare(): the structural walk over two objects, with a Tolerance
-    _numeric.py    element-wise comparison of two tensors (the hot loop of compare)
-    _diff.py       diff_runs(): two runs paired by name, compared dump by dump
+    _run.py          Run / SyncRun / open_run: the list of dumps (record + listing), reading
+    _safe_load.py    loading a dump safely: torch.load(weights_only=True), public API only
+    _load_worker.py  ... in trajtrack's own process, for a dump that needs trajtrack's list
+    _portable.py     ... and how that process hands the object back (torch's defaults load it)
+    _compare.py      compare(): the structural walk over two objects, with a Tolerance
+    _numeric.py      element-wise comparison of two tensors (the hot loop of compare)
+    _files.py        two local files compared in place (memory maps)
+    _diff.py         diff_runs(): two runs paired by name, compared dump by dump
 
 The CLI (:mod:`trajtrack.cli`) is built on these names; so can be any other tool.
 """
@@ -25,7 +28,12 @@ from trajtrack.reader._run import (
     matches,
     open_run,
 )
-from trajtrack.reader._safe_load import check_loadable, load_dump_bytes
+from trajtrack.reader._safe_load import (
+    allow_in_this_process,
+    check_loadable,
+    load_dump_bytes,
+    load_dump_file,
+)
 
 __all__ = [
     "Difference",
@@ -36,12 +44,14 @@ __all__ = [
     "RunListing",
     "SyncRun",
     "Tolerance",
+    "allow_in_this_process",
     "check_loadable",
     "compare",
     "diff_runs",
     "dump_order",
     "gather_bounded",
     "load_dump_bytes",
+    "load_dump_file",
     "matches",
     "open_run",
 ]

@@ -26,12 +26,12 @@ import anyio
 import anyio.to_thread
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from trajtrack._exceptions import StorageNotFoundError
+from trajtrack._exceptions import StorageError, StorageNotFoundError
 from trajtrack.backends import FileInfo, Storage, open_storage
 from trajtrack.backends.local import LocalStorage
 from trajtrack.layouts.names import is_internal_path, parse_temp_path
 from trajtrack.layouts.records import RECORDS_PREFIX, DumpRecord, decode_segment
-from trajtrack.reader._safe_load import load_dump_bytes
+from trajtrack.reader._safe_load import load_dump_bytes, load_dump_file
 
 __all__ = ["DumpInfo", "Run", "RunListing", "SyncRun", "gather_bounded", "open_run"]
 
@@ -285,6 +285,10 @@ class Run:
             StorageNotFoundError: No such dump.
         """
         info = name if isinstance(name, DumpInfo) else await self.info(name)
+        local = getattr(self._storage, "local_path", None)  # absent from older storages
+        path = local(info.path) if local is not None else None
+        if path is not None:  # torch reads the file itself: no copy of its bytes in between
+            return await anyio.to_thread.run_sync(_load_file_sync, path, unsafe, info.name)
         data = await self._storage.read(info.path)
         return await anyio.to_thread.run_sync(_load_sync, data, unsafe, info.name)
 
@@ -325,6 +329,17 @@ class Run:
 
 def _load_sync(data: bytes, unsafe: bool, where: str) -> Any:
     return load_dump_bytes(data, unsafe=unsafe, where=where)
+
+
+def _load_file_sync(path: str, unsafe: bool, where: str) -> Any:
+    try:
+        return load_dump_file(path, unsafe=unsafe, where=where)
+    except FileNotFoundError as exc:
+        raise StorageNotFoundError(f"{where}: {path}: no such file") from exc
+    except OSError as exc:
+        if isinstance(exc, StorageError):
+            raise
+        raise StorageError(f"{where}: cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def _from_record(record: DumpRecord, listed: FileInfo | None) -> DumpInfo:
