@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import random
 import shlex
@@ -311,6 +312,17 @@ def test_mapped_loads_view_the_file_and_plain_loads_copy(tmp_path: Path) -> None
     assert torch.equal(mapped["x"], copied["x"])
     assert mapped_file(mapped["x"].data_ptr()) == str(path)  # no copy: the file's own pages
     assert mapped_file(copied["x"].data_ptr()) != str(path)
+
+
+def test_files_are_never_mapped_shared(tmp_path: Path) -> None:
+    # With MAP_SHARED (torch's process-wide option), writing to a tensor would write the file.
+    path = tmp_path / "d.pth"
+    torch.save({"x": torch.zeros(1000)}, path)
+    with torch.serialization.set_default_mmap_options(mmap.MAP_SHARED):
+        loaded = load_path(str(path), unsafe=False, where="d", mmap=True)
+    loaded["x"] += 1
+    assert mapped_file(loaded["x"].data_ptr()) != str(path)
+    assert torch.equal(load_dump_file(path)["x"], torch.zeros(1000))
 
 
 def mapped_file(address: int) -> str | None:

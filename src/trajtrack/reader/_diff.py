@@ -27,7 +27,7 @@ import anyio.to_thread
 from trajtrack._exceptions import DumpLoadError, TrajtrackError, UnsafeLoadError
 from trajtrack.reader._compare import Difference, Tolerance, compare
 from trajtrack.reader._files import compare_files
-from trajtrack.reader._readahead import ReadAhead
+from trajtrack.reader._readahead import AVAILABLE as readahead_available, ReadAhead
 from trajtrack.reader._run import DumpInfo, Run, gather_bounded
 from trajtrack.reader._safe_load import check_loadable, load_dump_bytes, load_path
 
@@ -160,7 +160,7 @@ async def diff_runs(
     total = len(pairs)
     progress = (lambda done: on_progress(done, total)) if on_progress else None
     async with anyio.create_task_group() as group:
-        if comparer.local:
+        if comparer.local and readahead_available:
             group.start_soon(comparer.readahead.run)
         results = await gather_bounded(pairs, comparer.compare, limit=limit, on_done=progress)
         group.cancel_scope.cancel()

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 import anyio
 import anyio.to_thread
 
-__all__ = ["ReadAhead"]
+__all__ = ["AVAILABLE", "ReadAhead"]
 
 _AHEAD_PAIRS = 64  # at most this many pairs advised before the comparisons reach them
 _AHEAD_BYTES = 256 << 20  # ... holding at most this much (2 x 16 pairs of 8 MB, say)
-_BATCH = 8  # pairs advised per worker-thread hop
+_BATCH = 16  # pairs advised per worker-thread hop (each hop costs the event loop)
 
 
 class ReadAhead:
@@ -67,6 +67,9 @@ class ReadAhead:
             return True
         compared = self._ends[done - 1] if done else 0
         return index - done < _AHEAD_PAIRS and self._ends[index] - compared <= _AHEAD_BYTES
+
+
+AVAILABLE = hasattr(os, "posix_fadvise")  # not on macOS: diff then reads without advice
 
 
 def _advise(pairs: Sequence[tuple[str, str, int]]) -> None:

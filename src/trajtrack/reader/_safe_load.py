@@ -158,8 +158,10 @@ def load_path(path: str, *, unsafe: bool, where: str, mmap: bool) -> Any:
     """
     if unsafe:
         return _unsafe_load(path, where)
-    private = torch.serialization.get_default_mmap_options() == _mmap.MAP_PRIVATE
-    return _safe_load(path, where, mmap=mmap and private)
+    # Only copy-on-write maps: with MAP_SHARED (a process-wide torch setting), a write to a
+    # tensor would write to the file.
+    mmap = mmap and torch.serialization.get_default_mmap_options() == _mmap.MAP_PRIVATE
+    return _safe_load(path, where, mmap=mmap)
 
 
 def check_loadable(
