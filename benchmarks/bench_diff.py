@@ -22,8 +22,12 @@ started here unless ``--cluster-dir`` names a running one; ``--no-hdfs`` skips i
 of 200 dumps (``--quick``: 50) of 1 MB written through the WebHDFS backend, the storage's
 parallel read of two of them against ``diff`` of identical and of all-different runs.
 
-Prints a table and writes ``benchmarks/results/diff.json``. The goal: diff >= 50% of the raw
-storage read bandwidth.
+Prints a table and writes ``benchmarks/results/diff.json`` (``--json`` elsewhere). The goal:
+diff >= 50% of the raw storage read bandwidth. ``--data DIR`` and ``--hdfs-data NAME`` keep the
+runs written there and reuse them in later calls (``benchmarks/compare_revisions.py`` measures
+two revisions of trajtrack on the same files that way). "Read once" counts, per file, the
+storage's ``read`` calls plus the local paths it handed out (a reader given a file's local path
+opens the file itself).
 """
 
 from __future__ import annotations
@@ -77,8 +81,10 @@ class CountingStorage:
         return await self.inner.read(path)
 
     def _local_path(self, path: str) -> str | None:
-        self.reads[path] += 1
-        return self.inner.local_path(path)  # type: ignore[no-any-return]
+        local: str | None = self.inner.local_path(path)
+        if local is not None:  # the reader will open the file itself instead of reading it
+            self.reads[path] += 1
+        return local
 
 
 async def write_run(
