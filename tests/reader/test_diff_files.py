@@ -1,4 +1,4 @@
-"""``diff`` of local runs: pairs compared on memory maps, loaded with ``mmap``, never copied."""
+"""``diff`` of local runs: pairs compared in place, loaded from their files, read ahead."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 import trajtrack.reader._diff as diff_module
 from trajtrack.reader import diff_runs, open_run
-from trajtrack.reader._files import compare_files
+from trajtrack.reader._files import same_contents
 from trajtrack.reader._readahead import ReadAhead
 
 
@@ -19,36 +19,35 @@ from trajtrack.reader._readahead import ReadAhead
     ("a", "b", "equal"),
     [
         (b"", b"", True),
-        (b"PK\x03\x04" + bytes(range(256)) * 40, b"PK\x03\x04" + bytes(range(256)) * 40, True),
+        (bytes(range(256)) * 40, bytes(range(256)) * 40, True),
         (bytes(1000) + b"x", bytes(1000) + b"y", False),  # the last, unaligned byte
-        (bytes(8 << 15) + b"1" + bytes(7), bytes(8 << 15) + b"2" + bytes(7), False),  # chunk 2
+        (bytes(3 << 20) + b"1" + bytes(7), bytes(3 << 20) + b"2" + bytes(7), False),  # chunk 4
+        (bytes(3 << 20) + b"12345678", bytes(3 << 20) + b"12345678", True),  # several chunks
         (bytes(100), bytes(101), False),
     ],
 )
-def test_compare_files(tmp_path: Path, a: bytes, b: bytes, equal: bool) -> None:
+def test_same_contents(tmp_path: Path, a: bytes, b: bytes, equal: bool) -> None:
     (tmp_path / "a").write_bytes(a)
     (tmp_path / "b").write_bytes(b)
-    found = compare_files(str(tmp_path / "a"), str(tmp_path / "b"))
-    assert found.equal is equal
-    assert found.zip_a is a.startswith(b"PK\x03\x04")
+    assert same_contents(str(tmp_path / "a"), str(tmp_path / "b")) is equal
 
 
 @pytest.fixture
-def loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
-    """Every file diff loads, with whether it maps it."""
-    seen: list[tuple[str, bool]] = []
-    real = diff_module.load_path
+def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every file diff loads from its path."""
+    seen: list[str] = []
+    real = diff_module.load_dump_file
 
-    def recording(path: str, *, unsafe: bool, where: str, mmap: bool) -> Any:
-        seen.append((Path(path).name, mmap))
-        return real(path, unsafe=unsafe, where=where, mmap=mmap)
+    def recording(path: str, **options: Any) -> Any:
+        seen.append(Path(path).name)
+        return real(path, **options)
 
-    monkeypatch.setattr(diff_module, "load_path", recording)
+    monkeypatch.setattr(diff_module, "load_dump_file", recording)
     return seen
 
 
-async def test_local_pairs_are_mapped_and_identical_ones_not_loaded(
-    tmp_path: Path, loads: list[tuple[str, bool]], monkeypatch: pytest.MonkeyPatch
+async def test_local_pairs_are_loaded_from_their_files_and_identical_ones_not_at_all(
+    tmp_path: Path, loads: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     read_ahead: list[list[str]] = []
     real_run = ReadAhead.run
@@ -70,12 +69,12 @@ async def test_local_pairs_are_mapped_and_identical_ones_not_loaded(
         result = await diff_runs(run_a, run_b)
     status = {c.name: c.status for c in result.comparisons}
     assert status == {"same": "equal", "zipped": "different", "legacy": "different"}
-    assert sorted(loads) == [("legacy.pth", False)] * 2 + [("zipped.pth", True)] * 2
+    assert sorted(loads) == ["legacy.pth"] * 2 + ["zipped.pth"] * 2
     assert read_ahead == [["legacy.pth", "same.pth", "zipped.pth"]]  # every local pair
 
 
 async def test_runs_of_other_storages_are_read_and_loaded_from_bytes(
-    loads: list[tuple[str, bool]],
+    loads: list[str],
 ) -> None:
     for url, value in (("memory://m/a", 1.0), ("memory://m/b", 2.0)):
         async with open_run(url) as run:

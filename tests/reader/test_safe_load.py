@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import mmap
 import os
 import random
 import shlex
@@ -22,7 +21,6 @@ import trajtrack.reader._load_worker as load_worker
 import trajtrack.reader._safe_load as safe_load
 from trajtrack import DumpLoadError, UnsafeLoadError
 from trajtrack.reader import allow_in_this_process, check_loadable, load_dump_bytes, load_dump_file
-from trajtrack.reader._safe_load import load_path
 from trajtrack.rollout import RolloutBatch, RolloutSample
 
 
@@ -168,7 +166,6 @@ def test_refusal_names_the_global_and_runs_nothing(tmp_path: Path) -> None:
         "bytes",
         "bytes, legacy format (through the worker)",
         "file",
-        "file, mapped",
         "check_loadable bytes",
         "check_loadable file",
     ],
@@ -187,7 +184,6 @@ def test_hostile_payloads_are_refused_by_every_loader(
         "bytes": lambda: load_dump_bytes(data),
         "bytes, legacy format (through the worker)": lambda: load_dump_bytes(data),
         "file": lambda: load_dump_file(path),
-        "file, mapped": lambda: load_path(str(path), unsafe=False, where="d", mmap=True),
         "check_loadable bytes": lambda: check_loadable(data),
         "check_loadable file": lambda: check_loadable(path),
     }
@@ -304,38 +300,6 @@ def test_legacy_format_loads_with_the_allow_list() -> None:
     assert load_dump_bytes(saved(sample(1), legacy=True)) == sample(1)
 
 
-def test_mapped_loads_view_the_file_and_plain_loads_copy(tmp_path: Path) -> None:
-    path = tmp_path / "d.pth"
-    torch.save({"x": torch.arange(1000, dtype=torch.float32)}, path)
-    mapped = load_path(str(path), unsafe=False, where="d", mmap=True)
-    copied = load_dump_file(path)
-    assert torch.equal(mapped["x"], copied["x"])
-    assert mapped_file(mapped["x"].data_ptr()) == str(path)  # no copy: the file's own pages
-    assert mapped_file(copied["x"].data_ptr()) != str(path)
-
-
-def test_files_are_never_mapped_shared(tmp_path: Path) -> None:
-    # With MAP_SHARED (torch's process-wide option), writing to a tensor would write the file.
-    path = tmp_path / "d.pth"
-    torch.save({"x": torch.zeros(1000)}, path)
-    with torch.serialization.set_default_mmap_options(mmap.MAP_SHARED):
-        loaded = load_path(str(path), unsafe=False, where="d", mmap=True)
-    loaded["x"] += 1
-    assert mapped_file(loaded["x"].data_ptr()) != str(path)
-    assert torch.equal(load_dump_file(path)["x"], torch.zeros(1000))
-
-
-def mapped_file(address: int) -> str | None:
-    """The file mapped at *address* in this process (Linux), or None."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            if start <= address < end:
-                return fields[5].strip() if len(fields) == 6 else None
-    return None
-
-
 def test_corrupt_files_are_dump_load_errors(tmp_path: Path) -> None:
     data = saved({"x": torch.arange(20000, dtype=torch.float32), "y": [torch.ones(3)]})
     rng = random.Random(7)
@@ -350,7 +314,6 @@ def test_corrupt_files_are_dump_load_errors(tmp_path: Path) -> None:
         data_now = bytes(broken)
         for load in (
             lambda: load_dump_bytes(data_now),  # noqa: B023 - called within the iteration
-            lambda: load_path(str(path), unsafe=False, where="d", mmap=True),
             lambda: load_dump_file(path),
         ):
             try:

@@ -8,7 +8,7 @@ Read the modules in this order::
     _portable.py     ... and how that process hands the object back (torch's defaults load it)
     _compare.py      compare(): the structural walk over two objects, with a Tolerance
     _numeric.py      element-wise comparison of two tensors (the hot loop of compare)
-    _files.py        two local files compared in place (memory maps)
+    _files.py        two local files compared in place, byte for byte
     _diff.py         diff_runs(): two runs paired by name, compared dump by dump
 
 The CLI (:mod:`trajtrack.cli`) is built on these names; so can be any other tool.

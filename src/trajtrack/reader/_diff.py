@@ -5,11 +5,11 @@ and compares each pair (:func:`trajtrack.reader._compare.compare`), and returns 
 comparisons sorted in dump order (commit time relative to the run's first dump, then name), so
 the first divergence is the first entry that is not equal.
 
-A pair of local files (both storages give a ``local_path``) is compared on memory maps of the
-two files, and loaded, when they differ, with ``torch.load(mmap=True)``: no copy of their
-bytes (:mod:`trajtrack.reader._files`); the kernel is told which files come next
-(:mod:`trajtrack.reader._readahead`). Other storages' files are read, then loaded from the
-bytes.
+A pair of local files (both storages give a ``local_path``) is compared in place, through two
+buffers each thread reuses (:mod:`trajtrack.reader._files`), and, when the files differ,
+loaded by ``torch.load`` from their paths: no ``bytes`` object per file in between; the kernel
+is told which files come next (:mod:`trajtrack.reader._readahead`). Other storages' files are
+read, then loaded from the bytes.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import anyio.to_thread
 
 from trajtrack._exceptions import DumpLoadError, TrajtrackError, UnsafeLoadError
 from trajtrack.reader._compare import Difference, Tolerance, compare
-from trajtrack.reader._files import compare_files
+from trajtrack.reader._files import same_contents
 from trajtrack.reader._readahead import AVAILABLE as readahead_available, ReadAhead
 from trajtrack.reader._run import DumpInfo, Run, gather_bounded
-from trajtrack.reader._safe_load import check_loadable, load_dump_bytes, load_path
+from trajtrack.reader._safe_load import check_loadable, load_dump_bytes, load_dump_file
 
 __all__ = ["DumpComparison", "RunDiff", "diff_runs"]
 
@@ -225,7 +225,7 @@ class _Comparer:
         tol, unsafe, limit = self.tol, self.unsafe, self.limit
         try:
             paths = self.local.get(name)
-            if paths is not None:  # compared and loaded in place: no copy of the bytes
+            if paths is not None:  # compared and loaded from the files themselves
                 path_a, path_b = paths
                 try:
                     found = await anyio.to_thread.run_sync(
@@ -306,15 +306,12 @@ def _load_and_compare(
 def _compare_files(
     path_a: str, path_b: str, name: str, tol: Tolerance, unsafe: bool, limit: int
 ) -> list[Difference]:
-    """:func:`_load_and_compare` for two local files: compared, then loaded, in place."""
-    files = compare_files(path_a, path_b)
-    if tol.equal_nan and files.equal:
+    """:func:`_load_and_compare` for two local files: compared, then loaded by torch itself."""
+    if tol.equal_nan and same_contents(path_a, path_b):
         check_loadable(path_a, unsafe=unsafe, where=f"A:{name}")
         return []
-    # The objects are only compared, never written to or returned: their tensors may map the
-    # files (torch.load(mmap=True): no copy, no fresh pages).
-    obj_a = load_path(path_a, unsafe=unsafe, where=f"A:{name}", mmap=files.zip_a)
-    obj_b = load_path(path_b, unsafe=unsafe, where=f"B:{name}", mmap=files.zip_b)
+    obj_a = load_dump_file(path_a, unsafe=unsafe, where=f"A:{name}")
+    obj_b = load_dump_file(path_b, unsafe=unsafe, where=f"B:{name}")
     found: list[Difference] = compare(obj_a, obj_b, tol, limit=limit)
     return found
 

@@ -1,78 +1,56 @@
-"""Two local dump files compared byte for byte without reading them into memory.
+"""Two local dump files compared byte for byte: :func:`same_contents`.
 
-``diff`` asks first whether a pair is byte-identical (then nothing is loaded). For local files
-that is answered on memory maps of the two files: the page cache is compared in place (numpy,
-as 8-byte words, in chunks; numpy releases the GIL while it compares and while the pages fault
-in), with no copy into a fresh ``bytes`` object and no allocation per file.
+``diff`` asks first whether a pair is byte-identical (then nothing is loaded). The two files are
+read chunk by chunk into two buffers that each thread keeps (no allocation and no fresh pages
+per file; ``readinto`` releases the GIL) and compared as 8-byte words with numpy, stopping at
+the first chunk that differs. Memory maps of the files were measured too
+(``benchmarks/README.md``): mapping and unmapping two files per pair cost more than the copy on
+a 2-core VM, and a map dies with ``SIGBUS`` when its file is truncated.
 """
 
 from __future__ import annotations
 
-import contextlib
-import mmap
+import io
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import BinaryIO
+import threading
 
 import numpy as np
 
-__all__ = ["FilePair", "compare_files"]
+__all__ = ["same_contents"]
 
-_ZIP_MAGIC = b"PK\x03\x04"  # a torch.save archive is a zip file
-_WORDS = 1 << 15  # 8-byte words compared per numpy call: 256 KiB, and a 32 KiB mask
-
-
-@dataclass(frozen=True, slots=True)
-class FilePair:
-    """What :func:`compare_files` found.
-
-    Attributes:
-        equal: The two files hold the same bytes.
-        zip_a: File A starts like a zip archive (a ``torch.save`` file: it can be mapped).
-        zip_b: File B starts like a zip archive.
-    """
-
-    equal: bool
-    zip_a: bool
-    zip_b: bool
+_CHUNK = 1 << 20  # bytes read and compared at a time, per file
+_buffers = threading.local()
 
 
-def compare_files(path_a: str, path_b: str) -> FilePair:
-    """Compare two files' contents (blocking).
-
-    A file truncated by someone else while it is compared kills the process (``SIGBUS``), as
-    with any memory map; trajtrack's writers never truncate a published file (they rename).
+def same_contents(path_a: str, path_b: str) -> bool:
+    """Whether two files hold the same bytes (blocking).
 
     Raises:
-        OSError: A file cannot be opened or mapped.
+        OSError: A file cannot be opened or read.
     """
+    buffer_a, buffer_b = _thread_buffers()
     with open(path_a, "rb", buffering=0) as file_a, open(path_b, "rb", buffering=0) as file_b:
-        size_a, size_b = os.fstat(file_a.fileno()).st_size, os.fstat(file_b.fileno()).st_size
-        with _mapped(file_a, size_a) as a, _mapped(file_b, size_b) as b:
-            zip_a, zip_b = a[:4] == _ZIP_MAGIC, b[:4] == _ZIP_MAGIC
-            equal = size_a == size_b and _same_bytes(a, b, size_a)
-    return FilePair(equal, zip_a, zip_b)
+        if os.fstat(file_a.fileno()).st_size != os.fstat(file_b.fileno()).st_size:
+            return False
+        return _same_from_here(file_a, file_b, buffer_a, buffer_b)
 
 
-@contextlib.contextmanager
-def _mapped(file: BinaryIO, size: int) -> Iterator[mmap.mmap | bytes]:
-    if size == 0:  # an empty file cannot be mapped
-        yield b""
-        return
-    with mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) as mapped:
-        yield mapped
+def _thread_buffers() -> tuple[bytearray, bytearray]:
+    buffers: tuple[bytearray, bytearray] | None = getattr(_buffers, "pair", None)
+    if buffers is None:
+        buffers = _buffers.pair = (bytearray(_CHUNK), bytearray(_CHUNK))
+    return buffers
 
 
-def _same_bytes(a: mmap.mmap | bytes, b: mmap.mmap | bytes, size: int) -> bool:
-    whole = size // 8 * 8
-    words_a = np.frombuffer(a, dtype=np.uint64, count=whole // 8)
-    words_b = np.frombuffer(b, dtype=np.uint64, count=whole // 8)
-    try:
-        for start in range(0, words_a.size, _WORDS):
-            end = start + _WORDS
-            if not np.array_equal(words_a[start:end], words_b[start:end]):
-                return False
-        return a[whole:size] == b[whole:size]
-    finally:
-        del words_a, words_b  # the maps cannot close while an array views them
+def _same_from_here(file_a: io.FileIO, file_b: io.FileIO, a: bytearray, b: bytearray) -> bool:
+    while True:
+        got_a, got_b = file_a.readinto(a), file_b.readinto(b)
+        if got_a != got_b:  # a file changed size meanwhile (or a short read: then compare)
+            return False
+        if not got_a:
+            return True
+        whole = got_a // 8 * 8
+        words_a = np.frombuffer(a, dtype=np.uint64, count=whole // 8)
+        words_b = np.frombuffer(b, dtype=np.uint64, count=whole // 8)
+        if not np.array_equal(words_a, words_b) or a[whole:got_a] != b[whole:got_a]:
+            return False

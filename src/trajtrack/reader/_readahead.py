@@ -1,11 +1,11 @@
 """Asking the kernel to read local dump files before ``diff`` compares them.
 
-``diff`` compares local files on memory maps, as many pairs at once as there are cores. A map
-reads a file that is not in the page cache one small readahead window per page fault, so two
-pairs in flight would keep the disk mostly idle. :class:`ReadAhead` tells the kernel, a few
-pairs at a time from one worker thread, which files come next (``posix_fadvise(WILLNEED)``: the
-kernel starts reading them and returns); it stays a bounded number of pairs ahead of the
-comparisons, so a large run does not push the pairs being compared out of the cache.
+``diff`` compares local files in place, as many pairs at once as there are cores. With files
+that are not in the page cache, two pairs in flight would keep the disk mostly idle (each read
+waits for its own blocks). :class:`ReadAhead` tells the kernel, a few pairs at a time from one
+worker thread, which files come next (``posix_fadvise(WILLNEED)``: the kernel starts reading
+them and returns); it stays a bounded number of pairs ahead of the comparisons, so a large run
+does not push the pairs being compared out of the cache.
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import io
 import logging
-import mmap as _mmap
 import os
 import pickle
 import re
@@ -45,7 +44,6 @@ __all__ = [
     "first_line",
     "load_dump_bytes",
     "load_dump_file",
-    "load_path",
     "refused_globals",
     "restricted_load",
     "sparse_checks_enabled",
@@ -120,7 +118,7 @@ def load_dump_bytes(data: bytes, *, unsafe: bool = False, where: str = "dump") -
     """
     if unsafe:
         return _unsafe_load(data, where)
-    return _safe_load(data, where, mmap=False)
+    return _safe_load(data, where)
 
 
 def load_dump_file(
@@ -145,23 +143,10 @@ def load_dump_file(
             other reasons a file cannot be opened).
     """
     name = os.fspath(path)
-    return load_path(name, unsafe=unsafe, where=where or name, mmap=False)
-
-
-def load_path(path: str, *, unsafe: bool, where: str, mmap: bool) -> Any:
-    """:func:`load_dump_file`, optionally with the tensors mapping the file (``mmap``).
-
-    With *mmap* (only for a ``torch.save`` zip archive; the caller checked its first bytes),
-    the tensors use the file's pages, copy-on-write: no copy at all. They must not outlive the
-    caller's use of them if the file may change, and a file truncated while they are in use
-    kills the process (``SIGBUS``); ``diff`` uses it for objects it only compares.
-    """
+    where = where or name
     if unsafe:
-        return _unsafe_load(path, where)
-    # Only copy-on-write maps: with MAP_SHARED (a process-wide torch setting), a write to a
-    # tensor would write to the file.
-    mmap = mmap and torch.serialization.get_default_mmap_options() == _mmap.MAP_PRIVATE
-    return _safe_load(path, where, mmap=mmap)
+        return _unsafe_load(name, where)
+    return _safe_load(name, where)
 
 
 def check_loadable(
@@ -184,7 +169,7 @@ def check_loadable(
     try:
         found = torch.serialization.get_unsafe_globals_in_checkpoint(_file(loadable))
     except Exception:  # not a zip checkpoint: let the real loader decide
-        _safe_load(loadable, where, mmap=False)
+        _safe_load(loadable, where)
         return
     offending = sorted(name for name in found if name not in _allowed_names())
     if offending:
@@ -214,9 +199,9 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _safe_load(source: bytes | str, where: str, *, mmap: bool) -> Any:
+def _safe_load(source: bytes | str, where: str) -> Any:
     try:
-        return restricted_load(source, mmap=mmap)
+        return restricted_load(source)
     except pickle.UnpicklingError as exc:
         refusal = exc
     except _CANNOT_OPEN:
@@ -232,7 +217,7 @@ def _safe_load(source: bytes | str, where: str, *, mmap: bool) -> Any:
     return _load_in_worker(source, where, needed)
 
 
-def restricted_load(source: Any, *, mmap: bool = False) -> Any:
+def restricted_load(source: Any) -> Any:
     """``torch.load(source, weights_only=True)`` onto the CPU, with the process's allow-list.
 
     *source* is bytes, a path or a binary file. While torch checks sparse tensors as it loads
@@ -242,10 +227,10 @@ def restricted_load(source: Any, *, mmap: bool = False) -> Any:
     """
     file = _file(source) if isinstance(source, bytes) else source
     if not sparse_checks_enabled():
-        return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=False)
     with _SPARSE_CHECK_LOCK:
         try:
-            return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+            return torch.load(file, map_location="cpu", weights_only=True, mmap=False)
         except BaseException:
             _empty_sparse_validation_list()
             raise
