@@ -169,14 +169,8 @@ def hdfs_diff(
     With *data* (a directory name on the cluster), the runs written there by an earlier call
     are reused (written the first time): several revisions measure the same files.
     """
-    env = cluster_env(cluster_dir)
-    base = f"{env['WEBHDFS_URL']}/{data or f'bench-diff-{os.getpid()}'}"
-    dumps, size = (50 if quick else HDFS_DUMPS), 1 << 20
-    a, b, c = f"{base}/a", f"{base}/b", f"{base}/c"
-    if data is None or not anyio.run(_complete, base):
-        for url, perturb in ((a, False), (b, False), (c, True)):
-            anyio.run(write_run, url, dumps, size, perturb, 16)
-        anyio.run(_mark_complete, base)
+    dumps = 50 if quick else HDFS_DUMPS
+    a, b, c = hdfs_runs(cluster_dir, dumps, data)
     anyio.run(read_all, [a, b, c], concurrency)  # warm the DataNode's page cache
     t_read, total = min(anyio.run(read_all, [a, b], concurrency) for _ in range(repeat))
     same = [anyio.run(diff_urls, a, b, concurrency) for _ in range(repeat)]
@@ -202,6 +196,19 @@ def hdfs_diff(
             set(r.values()) == {1} and len(r) == 2 * dumps for r in (reads_same, reads_other)
         ),
     }
+
+
+def hdfs_runs(cluster_dir: Path, dumps: int, data: str | None) -> tuple[str, str, str]:
+    """Runs a, b (identical) and c (different) of 1 MB dumps on the cluster, written unless
+    the directory *data* already holds them (a fresh directory when *data* is None)."""
+    env = cluster_env(cluster_dir)
+    base = f"{env['WEBHDFS_URL']}/{data or f'bench-diff-{os.getpid()}'}"
+    a, b, c = f"{base}/a", f"{base}/b", f"{base}/c"
+    if data is None or not anyio.run(_complete, base):
+        for url, perturb in ((a, False), (b, False), (c, True)):
+            anyio.run(write_run, url, dumps, 1 << 20, perturb, 16)
+        anyio.run(_mark_complete, base)
+    return a, b, c
 
 
 async def _complete(url: str) -> bool:

@@ -1,25 +1,28 @@
-"""``bench_diff.py`` on two revisions of trajtrack, interleaved, on the same data, in one run.
+"""``bench_diff.py``'s cases on two revisions of trajtrack, interleaved, on the same data.
 
 Usage::
 
     git worktree add /tmp/base fe7500c                 # the revision to compare against
-    python benchmarks/compare_revisions.py --base-src /tmp/base/src [--rounds 3] [--hdfs]
+    python benchmarks/compare_revisions.py --base-src /tmp/base/src [--rounds 8] [--hdfs]
 
-The runs are written once (``--data``, kept for the next call). Then, round after round, this
-checkout's ``benchmarks/bench_diff.py`` measures once with ``PYTHONPATH`` set to the base's
-``src`` and once with this checkout's ``src`` (the order alternating between rounds), each in
-its own process: same script, same files, same machine state, so what differs is the library.
-Each figure is the best of the rounds; both tables are printed as ``bench_diff.py`` prints
-them, then the ratios. Cold-cache rows are measured when this process may drop the page cache
-(root); with ``--hdfs`` a test cluster is started once and the HDFS rows are measured too.
+The runs are written once (``--data`` keeps them for the next call; ``--hdfs`` starts the HDFS
+test cluster and writes its runs too). One measurement process per revision
+(``benchmarks/_revision_server.py``, with ``PYTHONPATH`` set to that revision's ``src``) runs
+bench_diff's own measurement functions on request. Round after round, each case is measured
+on one revision and then on the other (the order alternating), seconds apart, so that a busy
+machine slows both alike; each figure is the best of the rounds. Phases: warm page cache (every
+file read first), the HDFS test cluster, then a cold page cache (dropped before each
+measurement; root only). Both tables are printed as ``bench_diff.py`` prints them, then the
+ratios of the best and of the median of the rounds (on a shared machine one lucky round can
+set a best); everything goes to ``benchmarks/results/compare_revisions.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,13 +35,55 @@ from benchmarks._common import HDFS_SCRIPT
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "compare_revisions.json"
+ROWS = {  # the server's case names -> bench_diff's row names
+    "raw threads": "raw threads (open/read)",
+    "raw storage": "raw storage (LocalStorage.read)",
+    "diff, identical runs (byte-equal pairs)": "diff, identical runs (byte-equal pairs)",
+    "diff, every dump differs (full compare)": "diff, every dump differs (full compare)",
+}
+HDFS_ROWS = {**ROWS, "raw storage": "raw storage (WebHDFS read)"}
+HDFS_DUMPS = bench_diff.HDFS_DUMPS
+
+
+class Revision:
+    """A measurement process for one revision's ``src``."""
+
+    def __init__(self, src: Path, local: tuple[Path, ...], hdfs: tuple[str, ...] | None) -> None:
+        command = [sys.executable, str(ROOT / "benchmarks" / "_revision_server.py")]
+        command += ["--local", *map(str, local)] + (["--hdfs", *hdfs] if hdfs else [])
+        env = {**os.environ, "PYTHONPATH": str(src)}
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.trajtrack = self._answer()["ready"]
+
+    def measure(self, case: str, where: str, cold: bool = False) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"case": case, "where": where, "cold": cold}) + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError("a measurement process exited")
+        answer: dict[str, Any] = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+        return answer
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(60)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-src", type=Path, default=Path("/tmp/base/src"))
     parser.add_argument("--base-name", default="fe7500c (before)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--dumps", type=int, default=1000)
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "tt-diff-data")
     parser.add_argument("--hdfs", action="store_true", help="also on the HDFS test cluster")
@@ -46,88 +91,124 @@ def main() -> int:
     args = parser.parse_args()
     if not (args.base_src / "trajtrack" / "__init__.py").exists():
         parser.error(f"no trajtrack under {args.base_src} (git worktree add /tmp/base fe7500c)")
-    revisions = {args.base_name: args.base_src, "this checkout (after)": ROOT / "src"}
-    extra = ["--dumps", str(args.dumps), "--data", str(args.data), "--repeat", "1"]
-    extra += ["--no-cold"] if args.no_cold else []
+    args.data.mkdir(parents=True, exist_ok=True)
+    local = bench_diff.local_runs(args.data, args.dumps, 1 << 20)
     with tempfile.TemporaryDirectory(prefix="tt-compare-") as tmp:
-        cluster = _start_cluster(Path(tmp) / "cluster") if args.hdfs else None
+        cluster = Path(tmp) / "cluster"
+        if args.hdfs:
+            subprocess.run([str(HDFS_SCRIPT), "install"], check=True)
+            subprocess.run([str(HDFS_SCRIPT), "start", str(cluster)], check=True)
         try:
-            if cluster is None:
-                extra.append("--no-hdfs")
-            else:
-                extra += ["--cluster-dir", str(cluster), "--hdfs-data", "compare-revisions"]
-            reports = _rounds(revisions, extra, args.rounds, Path(tmp))
+            hdfs = bench_diff.hdfs_runs(cluster, HDFS_DUMPS, "compare") if args.hdfs else None
+            sources = {args.base_name: args.base_src, "this checkout (after)": ROOT / "src"}
+            revisions = {name: Revision(src, local, hdfs) for name, src in sources.items()}
+            try:
+                measured = _measure(revisions, args, hdfs is not None)
+            finally:
+                for revision in revisions.values():
+                    revision.close()
         finally:
-            if cluster is not None:
+            if args.hdfs:
                 subprocess.run([str(HDFS_SCRIPT), "stop", str(cluster)], check=False)
-    best = {name: _best(runs) for name, runs in reports.items()}
-    for name, report in best.items():
-        print(f"\n=== {name}: {report['machine']['trajtrack']}, best of {args.rounds} rounds")
+    reports = {name: _report(measured, name, args) for name in revisions}
+    for name, report in reports.items():
+        print(f"\n=== {name}: {revisions[name].trajtrack}, best of {args.rounds} rounds")
         bench_diff.print_report(report, args.rounds)
-    _print_ratios(best)
+    _print_ratios(measured)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"best": best, "rounds": reports}, indent=2) + "\n")
+    RESULTS.write_text(json.dumps({"best": reports, "measured": measured}, indent=2) + "\n")
     print(f"wrote {RESULTS}")
     return 0
 
 
-def _start_cluster(directory: Path) -> Path:
-    subprocess.run([str(HDFS_SCRIPT), "install"], check=True)
-    subprocess.run([str(HDFS_SCRIPT), "start", str(directory)], check=True)
-    return directory
+def _measure(
+    revisions: dict[str, Revision], args: argparse.Namespace, hdfs: bool
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """``{phase/case: {revision: [one answer per round]}}``."""
+    measured: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    first = next(iter(revisions.values()))
+    phases = [("warm", "local", False, list(ROWS))]
+    if hdfs:
+        phases.append(("hdfs", "hdfs", False, list(ROWS)[1:]))
+    if not args.no_cold and bench_diff.drop_caches():
+        phases.append(("cold", "local", True, list(ROWS)))
+    for phase, where, cold, cases in phases:
+        if not cold:
+            first.measure("raw storage", where)  # read every file of a and b once: warm cache
+            first.measure("diff, every dump differs (full compare)", where)  # ... and of c
+        for round_ in range(args.rounds):
+            print(f"--- {phase}: round {round_ + 1}/{args.rounds}", flush=True)
+            for case in cases:
+                names = list(revisions) if round_ % 2 == 0 else list(revisions)[::-1]
+                for name in names:
+                    answer = revisions[name].measure(case, where, cold)
+                    measured.setdefault(f"{phase}/{case}", {}).setdefault(name, []).append(answer)
+    return measured
 
 
-def _rounds(
-    revisions: dict[str, Path], extra: list[str], rounds: int, tmp: Path
-) -> dict[str, list[dict[str, Any]]]:
-    reports: dict[str, list[dict[str, Any]]] = {name: [] for name in revisions}
-    names = list(revisions)
-    for round_ in range(rounds):
-        for name in names if round_ % 2 == 0 else names[::-1]:
-            out = tmp / f"round{round_}.json"
-            env = {**os.environ, "PYTHONPATH": str(revisions[name])}
-            command = [sys.executable, str(ROOT / "benchmarks" / "bench_diff.py"), *extra]
-            command += ["--json", str(out)]
-            print(f"--- round {round_ + 1}/{rounds}: {name}", flush=True)
-            subprocess.run(command, cwd=ROOT, env=env, check=True)
-            reports[name].append(json.loads(out.read_text()))
-    return reports
+def _report(measured: dict[str, Any], name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One revision's figures, shaped as bench_diff's report (each the best of the rounds)."""
+
+    def best(phase: str, rows: dict[str, str]) -> dict[str, float]:
+        return {
+            row: min(a["seconds"] for a in measured[f"{phase}/{case}"][name])
+            for case, row in rows.items()
+            if f"{phase}/{case}" in measured
+        }
+
+    diffs = [
+        answer
+        for case in list(ROWS)[2:]
+        for phase in ("warm", "cold")
+        for answer in measured.get(f"{phase}/{case}", {}).get(name, [])
+    ]
+    same = measured["warm/diff, identical runs (byte-equal pairs)"][name][0]
+    full = measured["warm/diff, every dump differs (full compare)"][name][0]
+    report: dict[str, Any] = {
+        "seconds": best("warm", ROWS),
+        "total_bytes": measured["warm/raw threads"][name][0]["total_bytes"],
+        "files": measured["warm/raw threads"][name][0]["files"],
+        "concurrency": 16,
+        "dumps_per_run": args.dumps,
+        "dump_bytes": 1 << 20,
+        "cold_cache": {"seconds": best("cold", ROWS)} if "cold/raw threads" in measured else None,
+        "hdfs": None,
+        "diff_each_file_read_once": all(a["each_file_read_once"] for a in diffs),
+        "diff_files_read": same["files_read"],
+        "diff_equal": all(a["equal"] for a in measured["warm/" + list(ROWS)[2]][name]),
+        "diff_full_compare_different_dumps": full["different"],
+        "diff_full_compare_each_file_read_once": full["each_file_read_once"],
+        "machine": {"trajtrack": name},
+    }
+    if "hdfs/raw storage" in measured:
+        hdfs_diffs = [a for c in list(ROWS)[2:] for a in measured[f"hdfs/{c}"][name]]
+        report["hdfs"] = {
+            "seconds": best("hdfs", {k: v for k, v in HDFS_ROWS.items() if k != "raw threads"}),
+            "total_bytes": measured["hdfs/raw storage"][name][0]["total_bytes"],
+            "dumps_per_run": HDFS_DUMPS,
+            "each_file_read_once": all(a["each_file_read_once"] for a in hdfs_diffs),
+        }
+    return report
 
 
-def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first run's report with every time the best of the runs, every check all runs'."""
-    best = copy.deepcopy(runs[0])
-    best["seconds"] = _min_rows(r["seconds"] for r in runs)
-    if best.get("cold_cache"):
-        best["cold_cache"]["seconds"] = _min_rows(r["cold_cache"]["seconds"] for r in runs)
-    if best.get("hdfs"):
-        best["hdfs"]["seconds"] = _min_rows(r["hdfs"]["seconds"] for r in runs)
-        best["hdfs"]["each_file_read_once"] = all(r["hdfs"]["each_file_read_once"] for r in runs)
-    for key in ("diff_each_file_read_once", "diff_full_compare_each_file_read_once", "diff_equal"):
-        best[key] = all(r[key] for r in runs)
-    return best
-
-
-def _min_rows(rows: Any) -> dict[str, float]:
-    rows = list(rows)
-    return {name: min(r[name] for r in rows) for name in rows[0]}
-
-
-def _print_ratios(best: dict[str, dict[str, Any]]) -> None:
-    before, after = best.values()
-    print("\nafter vs before (seconds before / seconds after: above 1.00 is faster)")
-    sections = [("warm", "seconds"), ("cold", "cold_cache"), ("HDFS", "hdfs")]
-    for label, key in sections:
-        rows_before = before.get(key) if key != "seconds" else before
-        rows_after = after.get(key) if key != "seconds" else after
-        if not rows_before or not rows_after:
-            continue
-        for name, seconds in rows_after["seconds"].items():
-            ratio = rows_before["seconds"][name] / seconds
-            print(
-                f"{label:<5} {name:<40} {rows_before['seconds'][name]:7.3f} s -> "
-                f"{seconds:7.3f} s  {ratio:5.2f}x"
-            )
+def _print_ratios(measured: dict[str, dict[str, list[dict[str, Any]]]]) -> None:
+    """Per row: the best of the rounds and their median, before -> after."""
+    print(
+        "\nafter vs before: seconds before / seconds after (above 1.00: faster), for the best of "
+        "the rounds and for their median"
+    )
+    print(f"{'':5} {'measurement':<40} {'best':>21} {'':6} {'median':>21}")
+    for key, by_revision in measured.items():
+        phase, case = key.split("/", 1)
+        row = (HDFS_ROWS if phase == "hdfs" else ROWS)[case]
+        (before, *_), (after, *_) = (
+            [[a["seconds"] for a in answers]] for answers in by_revision.values()
+        )
+        cells = []
+        for pick in (min, statistics.median):
+            was, now = pick(before), pick(after)
+            cells.append(f"{was:7.3f} s -> {now:7.3f} s {was / now:5.2f}x")
+        print(f"{phase:<5} {row:<40} {cells[0]}  {cells[1]}")
 
 
 if __name__ == "__main__":
