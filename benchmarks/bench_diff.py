@@ -22,8 +22,12 @@ started here unless ``--cluster-dir`` names a running one; ``--no-hdfs`` skips i
 of 200 dumps (``--quick``: 50) of 1 MB written through the WebHDFS backend, the storage's
 parallel read of two of them against ``diff`` of identical and of all-different runs.
 
-Prints a table and writes ``benchmarks/results/diff.json``. The goal: diff >= 50% of the raw
-storage read bandwidth.
+Prints a table and writes ``benchmarks/results/diff.json`` (``--json`` elsewhere). The goal:
+diff >= 50% of the raw storage read bandwidth. ``--data DIR`` and ``--hdfs-data NAME`` keep the
+runs written there and reuse them in later calls (``benchmarks/compare_revisions.py`` measures
+two revisions of trajtrack on the same files that way). "Read once" counts, per file, the
+storage's ``read`` calls plus the local paths it handed out (a reader given a file's local path
+opens the file itself).
 """
 
 from __future__ import annotations
@@ -53,14 +57,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import cluster_env, with_hdfs_cluster
 
 RESULTS = Path(__file__).parent / "results" / "diff.json"
+COMPLETE = "bench-data-complete"  # written last into a reusable data directory
 
 
 class CountingStorage:
-    """Wraps a storage and counts reads per path."""
+    """Wraps a storage and counts, per path, the reads and the local paths handed out.
+
+    A reader that gets a file's local path (``local_path``, where the storage has it) opens the
+    file itself instead of calling ``read``: that is its one access to the file.
+    """
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.reads: Counter[str] = Counter()
+        if hasattr(inner, "local_path"):
+            self.local_path = self._local_path
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -68,6 +79,12 @@ class CountingStorage:
     async def read(self, path: str) -> bytes:
         self.reads[path] += 1
         return await self.inner.read(path)
+
+    def _local_path(self, path: str) -> str | None:
+        local: str | None = self.inner.local_path(path)
+        if local is not None:  # the reader will open the file itself instead of reading it
+            self.reads[path] += 1
+        return local
 
 
 async def write_run(
@@ -144,14 +161,16 @@ async def diff_urls(a: str, b: str, concurrency: int) -> tuple[float, Any, Count
 HDFS_DUMPS = 200  # per run (--quick: 50): Hadoop 2.7 closes a file in ~300 ms
 
 
-def hdfs_diff(cluster_dir: Path, quick: bool, concurrency: int, repeat: int) -> dict[str, Any]:
-    """The same comparison on the real HDFS test cluster, through the WebHDFS backend."""
-    env = cluster_env(cluster_dir)
-    base = f"{env['WEBHDFS_URL']}/bench-diff-{os.getpid()}"
-    dumps, size = (50 if quick else HDFS_DUMPS), 1 << 20
-    a, b, c = f"{base}/a", f"{base}/b", f"{base}/c"
-    for url, perturb in ((a, False), (b, False), (c, True)):
-        anyio.run(write_run, url, dumps, size, perturb, 16)
+def hdfs_diff(
+    cluster_dir: Path, quick: bool, concurrency: int, repeat: int, data: str | None = None
+) -> dict[str, Any]:
+    """The same comparison on the real HDFS test cluster, through the WebHDFS backend.
+
+    With *data* (a directory name on the cluster), the runs written there by an earlier call
+    are reused (written the first time): several revisions measure the same files.
+    """
+    dumps = 50 if quick else HDFS_DUMPS
+    a, b, c = hdfs_runs(cluster_dir, dumps, data)
     anyio.run(read_all, [a, b, c], concurrency)  # warm the DataNode's page cache
     t_read, total = min(anyio.run(read_all, [a, b], concurrency) for _ in range(repeat))
     same = [anyio.run(diff_urls, a, b, concurrency) for _ in range(repeat)]
@@ -179,6 +198,62 @@ def hdfs_diff(cluster_dir: Path, quick: bool, concurrency: int, repeat: int) -> 
     }
 
 
+def hdfs_runs(cluster_dir: Path, dumps: int, data: str | None) -> tuple[str, str, str]:
+    """Runs a, b (identical) and c (different) of 1 MB dumps on the cluster, written unless
+    the directory *data* already holds them (a fresh directory when *data* is None)."""
+    env = cluster_env(cluster_dir)
+    base = f"{env['WEBHDFS_URL']}/{data or f'bench-diff-{os.getpid()}'}"
+    a, b, c = f"{base}/a", f"{base}/b", f"{base}/c"
+    if data is None or not anyio.run(_complete, base):
+        for url, perturb in ((a, False), (b, False), (c, True)):
+            anyio.run(write_run, url, dumps, 1 << 20, perturb, 16)
+        anyio.run(_mark_complete, base)
+    return a, b, c
+
+
+async def _complete(url: str) -> bool:
+    storage = open_storage(url)
+    try:
+        return await storage.stat(COMPLETE) is not None
+    finally:
+        await storage.aclose()
+
+
+async def _mark_complete(url: str) -> None:
+    storage = open_storage(url)
+    try:
+        await storage.write_atomic(COMPLETE, _Bytes(b"ok\n"), overwrite=True)
+    finally:
+        await storage.aclose()
+
+
+class _Bytes:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.nbytes = len(data)
+
+    def write_to(self, out: Any) -> None:
+        out.write(self.data)
+
+
+def local_runs(directory: Path | None, dumps: int, size: int) -> tuple[Path, Path, Path]:
+    """Runs a and b (identical) and c (one element differs per dump) under *directory*.
+
+    Written unless *directory* already holds them (``--data``: several revisions measure the
+    same files); a fresh temporary directory otherwise.
+    """
+    work = directory or Path(tempfile.mkdtemp(prefix="bench-diff-"))
+    a, b, c = work / "a", work / "b", work / "c"
+    if not (work / COMPLETE).exists():
+        for dest in (a, b, c):
+            shutil.rmtree(dest, ignore_errors=True)
+        for dest in (a, b):
+            anyio.run(write_run, dest, dumps, size)
+        anyio.run(write_run, c, dumps, size, True)
+        (work / COMPLETE).write_text(f"{dumps} dumps of {size} bytes\n")
+    return a, b, c
+
+
 def drop_caches() -> bool:
     """Empty the page cache (root only); False when this process may not."""
     os.sync()
@@ -199,7 +274,7 @@ def cold(measure: Any, repeat: int) -> Any:
     return min(results, key=lambda r: r[0])
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 dumps instead of 1,000")
     parser.add_argument("--dumps", type=int, default=None)
@@ -208,58 +283,81 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="best of N for each measurement")
     parser.add_argument("--dir", default=None, help="where to write the runs (default: tmp)")
     parser.add_argument(
+        "--data", type=Path, help="reuse (or write once and keep) the local runs in this folder"
+    )
+    parser.add_argument(
         "--no-hdfs", action="store_true", help="skip the comparison on the HDFS test cluster"
     )
     parser.add_argument("--cluster-dir", type=Path, help="reuse a running HDFS test cluster")
-    args = parser.parse_args()
+    parser.add_argument("--hdfs-data", help="reuse (or write once) the HDFS runs in this folder")
+    parser.add_argument("--no-cold", action="store_true", help="skip the cold-cache figures")
+    parser.add_argument("--json", type=Path, default=RESULTS, help="where to write the results")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     torch.set_num_threads(1)  # as the trajtrack CLI does: parallel across files, not inside ops
     dumps = args.dumps or (100 if args.quick else 1000)
     size = int(args.size_mb * (1 << 20))
-    work = Path(tempfile.mkdtemp(prefix="bench-diff-", dir=args.dir))
+    if args.data is None:
+        args.data = Path(tempfile.mkdtemp(prefix="bench-diff-", dir=args.dir))
+        keep = False
+    else:
+        args.data.mkdir(parents=True, exist_ok=True)
+        keep = True
     try:
-        a, b, c = work / "a", work / "b", work / "c"
-        for dest in (a, b):
-            anyio.run(write_run, dest, dumps, size)
-        anyio.run(write_run, c, dumps, size, True)
-        paths = files_of(a) + files_of(b)
-        raw_threads(paths, args.concurrency)  # warm the page cache
-        t_raw = min(raw_threads(paths, args.concurrency)[0] for _ in range(args.repeat))
-        total = sum(p.stat().st_size for p in paths)
-        t_storage = min(
-            anyio.run(read_all, [str(a), str(b)], args.concurrency)[0] for _ in range(args.repeat)
-        )
-        diffs = [anyio.run(diff_urls, str(a), str(b), args.concurrency) for _ in range(args.repeat)]
-        t_diff, result, reads = min(diffs, key=lambda d: d[0])
-        raw_threads(files_of(c), args.concurrency)  # warm
-        diffs_c = [
-            anyio.run(diff_urls, str(a), str(c), args.concurrency) for _ in range(args.repeat)
-        ]
-        t_diff_c, result_c, reads_c = min(diffs_c, key=lambda d: d[0])
-        cold_rows: dict[str, float] = {}
-        if drop_caches():
-            cold_rows = {
-                "raw threads (open/read)": cold(
-                    lambda: raw_threads(paths, args.concurrency), args.repeat
-                )[0],
-                "raw storage (LocalStorage.read)": cold(
-                    lambda: anyio.run(read_all, [str(a), str(b)], args.concurrency), args.repeat
-                )[0],
-                "diff, identical runs (byte-equal pairs)": cold(
-                    lambda: anyio.run(diff_urls, str(a), str(b), args.concurrency), args.repeat
-                )[0],
-                "diff, every dump differs (full compare)": cold(
-                    lambda: anyio.run(diff_urls, str(a), str(c), args.concurrency), args.repeat
-                )[0],
-            }
+        measured = measure_local(*local_runs(args.data, dumps, size), args)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(args.data, ignore_errors=True)
     hdfs = None
     if not args.no_hdfs:
         hdfs = with_hdfs_cluster(
-            lambda directory, quick: hdfs_diff(directory, quick, args.concurrency, args.repeat),
+            lambda directory, quick: hdfs_diff(
+                directory, quick, args.concurrency, args.repeat, args.hdfs_data
+            ),
             args.cluster_dir,
             args.quick,
         )
+    report = {**measured, "hdfs": hdfs, "dumps_per_run": dumps, "dump_bytes": size}
+    print_report(report, args.repeat)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+def measure_local(a: Path, b: Path, c: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The warm-cache rows (and the cold ones, as root) on the local runs a, b, c."""
+    paths = files_of(a) + files_of(b)
+    raw_threads(paths, args.concurrency)  # warm the page cache
+    t_raw = min(raw_threads(paths, args.concurrency)[0] for _ in range(args.repeat))
+    total = sum(p.stat().st_size for p in paths)
+    t_storage = min(
+        anyio.run(read_all, [str(a), str(b)], args.concurrency)[0] for _ in range(args.repeat)
+    )
+    diffs = [anyio.run(diff_urls, str(a), str(b), args.concurrency) for _ in range(args.repeat)]
+    t_diff, result, reads = min(diffs, key=lambda d: d[0])
+    raw_threads(files_of(c), args.concurrency)  # warm
+    diffs_c = [anyio.run(diff_urls, str(a), str(c), args.concurrency) for _ in range(args.repeat)]
+    t_diff_c, result_c, reads_c = min(diffs_c, key=lambda d: d[0])
+    cold_rows: dict[str, float] = {}
+    if not args.no_cold and drop_caches():
+        cold_rows = {
+            "raw threads (open/read)": cold(
+                lambda: raw_threads(paths, args.concurrency), args.repeat
+            )[0],
+            "raw storage (LocalStorage.read)": cold(
+                lambda: anyio.run(read_all, [str(a), str(b)], args.concurrency), args.repeat
+            )[0],
+            "diff, identical runs (byte-equal pairs)": cold(
+                lambda: anyio.run(diff_urls, str(a), str(b), args.concurrency), args.repeat
+            )[0],
+            "diff, every dump differs (full compare)": cold(
+                lambda: anyio.run(diff_urls, str(a), str(c), args.concurrency), args.repeat
+            )[0],
+        }
     mb = total / 1e6
     rows = {
         "raw threads (open/read)": t_raw,
@@ -267,9 +365,7 @@ def main() -> int:
         "diff, identical runs (byte-equal pairs)": t_diff,
         "diff, every dump differs (full compare)": t_diff_c,
     }
-    report = {
-        "dumps_per_run": dumps,
-        "dump_bytes": size,
+    return {
         "files": len(paths),
         "total_bytes": total,
         "concurrency": args.concurrency,
@@ -294,7 +390,6 @@ def main() -> int:
         }
         if cold_rows
         else None,
-        "hdfs": hdfs,
         "diff_equal": result.equal,
         "diff_files_read": sum(reads.values()),
         "diff_each_file_read_once": len(reads) == len(paths) and set(reads.values()) == {1},
@@ -303,44 +398,51 @@ def main() -> int:
             "python": sys.version.split()[0],
             "platform": platform.platform(),
             "torch": torch.__version__,
+            "trajtrack": str(Path(trajtrack.__file__).parent),
         },
     }
+
+
+def print_report(report: dict[str, Any], repeat: int) -> None:
+    """The tables, as the README shows them."""
+    rows, mb = report["seconds"], report["total_bytes"] / 1e6
+    t_storage = rows["raw storage (LocalStorage.read)"]
     print(
-        f"diff benchmark: 2 runs x {dumps} dumps x {size / 1e6:.2f} MB = {mb:.0f} MB, "
-        f"concurrency {args.concurrency}, warm page cache, best of {args.repeat}"
+        f"diff benchmark: 2 runs x {report['dumps_per_run']} dumps x "
+        f"{report['dump_bytes'] / 1e6:.2f} MB = {mb:.0f} MB, "
+        f"concurrency {report['concurrency']}, warm page cache, best of {repeat}"
     )
     print(f"{'measurement':<38} {'seconds':>9} {'MB/s':>9} {'vs raw storage':>15}")
     for name, seconds in rows.items():
         print(f"{name:<38} {seconds:9.3f} {mb / seconds:9.0f} {t_storage / seconds:14.0%}")
+    cold_rows = (report["cold_cache"] or {}).get("seconds")
     if cold_rows:
-        print(f"cold page cache (dropped before each measurement), best of {args.repeat}")
+        print(f"cold page cache (dropped before each measurement), best of {repeat}")
         t_cold = cold_rows["raw storage (LocalStorage.read)"]
         for name, seconds in cold_rows.items():
             print(f"{name:<38} {seconds:9.3f} {mb / seconds:9.0f} {t_cold / seconds:14.0%}")
     else:
-        print("cold page cache: not measured (dropping the page cache needs root)")
+        print("cold page cache: not measured (--no-cold, or dropping the page cache needs root)")
+    hdfs = report["hdfs"]
     if hdfs is not None:
         hdfs_mb = hdfs["total_bytes"] / 1e6
         t_read = hdfs["seconds"]["raw storage (WebHDFS read)"]
         print(
             f"HDFS test cluster (WebHDFS, 1 DataNode), 2 runs x {hdfs['dumps_per_run']} dumps, "
-            f"{hdfs_mb:.0f} MB, best of {args.repeat}; each file read once: "
+            f"{hdfs_mb:.0f} MB, best of {repeat}; each file read once: "
             f"{hdfs['each_file_read_once']}"
         )
         for name, seconds in hdfs["seconds"].items():
             print(f"{name:<38} {seconds:9.3f} {hdfs_mb / seconds:9.0f} {t_read / seconds:14.0%}")
     print(
         f"diff read each file once: {report['diff_each_file_read_once']} "
-        f"({report['diff_files_read']} reads of {len(paths)} files); equal: {result.equal}"
+        f"({report['diff_files_read']} reads of {report['files']} files); "
+        f"equal: {report['diff_equal']}"
     )
     print(
-        f"full-compare diff: {result_c.counts()['different']} different dumps, each file read "
-        f"once: {report['diff_full_compare_each_file_read_once']}"
+        f"full-compare diff: {report['diff_full_compare_different_dumps']} different dumps, "
+        f"each file read once: {report['diff_full_compare_each_file_read_once']}"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
-    return 0
 
 
 def _ratio(rows: dict[str, float], name: str) -> float | None:

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+import torch
 from blockbuster import blockbuster_ctx
 
 from _support.hdfs_cluster import hdfs_cluster  # noqa: F401  (a session fixture)
@@ -80,3 +81,16 @@ def _isolation(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     logging.getLogger("trajtrack").setLevel(logging.DEBUG)
     with _reset_for_tests():
         yield
+
+
+@pytest.fixture(autouse=True)
+def _torch_allow_list() -> Iterator[None]:
+    """torch's process-wide weights-only allow-list is as it was before each test.
+
+    ``trajtrack.cli.main`` widens it for its process (tests call it in-process), and so does
+    ``trajtrack.reader.allow_in_this_process``; no test may see another's additions.
+    """
+    before = torch.serialization.get_safe_globals()
+    yield
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(before)

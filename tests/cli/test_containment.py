@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
 import torch
 
@@ -117,3 +119,43 @@ def test_memory_storage_refuses_traversal_by_name() -> None:
     storage = MemoryStorage("memory://contain/run")
     with pytest.raises(StoragePermissionError):
         storage.put_raw("../x", b"x")
+
+
+def _link_out_after_listing(run: Path, tmp_path: Path) -> None:
+    """Replace a listed dump by a link out of the run (the listing already said it is fine)."""
+    target = tmp_path / "elsewhere.pth"
+    (run / "good.pth").unlink()
+    (run / "good.pth").symlink_to(target)
+
+
+def test_a_link_planted_after_listing_is_not_loaded_by_path(
+    hostile_run: Path, tmp_path: Path
+) -> None:
+    # Local files are loaded by path (torch opens them): the path is checked where it is opened.
+    with SyncRun(hostile_run) as run:
+        info = run.info("good")
+        assert info.problem is None
+        _link_out_after_listing(hostile_run, tmp_path)
+        with pytest.raises(StoragePermissionError, match="outside the run"):
+            run.load(info)
+
+
+async def test_diff_compares_no_file_out_of_the_run_in_place(
+    hostile_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trajtrack.reader._diff as diff_module
+    from trajtrack.reader import diff_runs, open_run
+
+    other = tmp_path / "other"
+    await anyio.to_thread.run_sync(write_run, str(other), {"good": {"x": torch.zeros(2)}})
+    real_compare = diff_module._compare_files
+
+    def compare_after_planting(*args: Any) -> Any:  # the link appears after listing
+        _link_out_after_listing(hostile_run, tmp_path)
+        return real_compare(*args)
+
+    monkeypatch.setattr(diff_module, "_compare_files", compare_after_planting)
+    async with open_run(hostile_run) as run_a, open_run(other) as run_b:
+        result = await diff_runs(run_a, run_b, names="good")
+    (good,) = result.comparisons
+    assert good.status == "error" and "outside the run" in (good.error or "")

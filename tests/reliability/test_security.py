@@ -4,6 +4,7 @@ and logs that never contain what was dumped. ``SECURITY.md`` describes each chec
 from __future__ import annotations
 
 import ast
+import io
 import logging
 import os
 import stat
@@ -188,3 +189,186 @@ def test_the_reader_refuses_code_in_an_untrusted_dump(tmp_path: Path) -> None:
     with SyncRun(dest) as run, pytest.raises(trajtrack.UnsafeLoadError):
         run.load("evil")
     assert not marker.exists()
+
+
+class _RunsShell:
+    """What an attacker's dump runs on load: ``os.system``, creating the marker."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"touch '{self.marker}'",))
+
+
+def _hostile_dumps(marker: Path) -> dict[str, bytes]:
+    """The payload alone, next to trajtrack's types, and in the legacy format after them (no
+    static scan then: the caller hands the dump to the load worker, which must refuse it)."""
+    from trajtrack.rollout import RolloutBatch, RolloutSample
+
+    sample = RolloutSample(full_batch=RolloutBatch({"r": torch.ones(1)}), sample_id="s")
+    dumps = {}
+    for name, obj, zipped in (
+        ("alone", {"obs": _RunsShell(marker)}, True),
+        ("with_sample", [sample, _RunsShell(marker)], True),
+        ("legacy_with_sample", [sample, _RunsShell(marker)], False),
+    ):
+        buffer = io.BytesIO()
+        torch.save(obj, buffer, _use_new_zipfile_serialization=zipped)
+        dumps[name] = buffer.getvalue()
+    return dumps
+
+
+def _plant(tmp_path: Path) -> tuple[Path, Path, Path, dict[str, bytes]]:
+    """The hostile dumps in a local run (and a run whose files differ) and a memory run."""
+    from trajtrack.backends.memory import MemoryStorage
+
+    marker = tmp_path / "pwned"
+    dumps = _hostile_dumps(marker)
+    local, other = tmp_path / "run", tmp_path / "other"
+    for dest in (local, other):
+        dest.mkdir()
+        for name, data in dumps.items():
+            (dest / f"{name}.pth").write_bytes(data if dest == local else b"different")
+    memory = MemoryStorage("memory://hostile/run")
+    for name, data in dumps.items():
+        memory.put_raw(f"{name}.pth", data)
+    return marker, local, other, dumps
+
+
+def _refused() -> Any:
+    return pytest.raises(trajtrack.UnsafeLoadError, match=r"refusing to load: .*posix\.system")
+
+
+async def test_an_os_system_payload_is_refused_by_every_reader_call(tmp_path: Path) -> None:
+    from trajtrack.reader import diff_runs, open_run
+
+    marker, local, other, dumps = _plant(tmp_path)
+    for url in (str(local), "memory://hostile/run"):  # files loaded by path, or read as bytes
+        async with open_run(url) as run:
+            for name in dumps:
+                with _refused():
+                    await run.load(name)
+            with _refused():
+                async for _ in run.iter_loaded():
+                    pass
+    for a, b in ((local, local), (local, other), ("memory://hostile/run",) * 2):
+        async with open_run(str(a)) as run_a, open_run(str(b)) as run_b:
+            result = await diff_runs(run_a, run_b)  # identical (a static scan) or not (a load)
+        assert [c.status for c in result.comparisons] == ["error"] * len(dumps)
+        assert all("posix.system" in (c.error or "") for c in result.comparisons)
+    assert not marker.exists()
+
+
+def test_an_os_system_payload_is_refused_by_sync_run_and_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trajtrack.cli import main
+    from trajtrack.reader import SyncRun
+
+    marker, local, other, dumps = _plant(tmp_path)
+    for url in (str(local), "memory://hostile/run"):
+        with SyncRun(url) as run:
+            for name in dumps:
+                with _refused():
+                    run.load(name)
+    for name in dumps:
+        assert main(["show", str(local), name]) == 2
+        assert "posix.system" in capsys.readouterr().err
+    assert main(["diff", str(local), str(other)]) == 2
+    assert capsys.readouterr().out.count("posix.system") == len(dumps)
+    assert not marker.exists()
+
+
+def test_the_cli_widens_the_allow_list_once_for_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import trajtrack.reader._load_worker as load_worker
+    from trajtrack.cli import main
+    from trajtrack.reader._safe_load import _allowed_names, _name
+    from trajtrack.rollout import RolloutBatch, RolloutSample
+
+    def no_worker(**_: object) -> None:
+        raise AssertionError("the CLI used the load worker")
+
+    monkeypatch.setattr(load_worker, "request_load", no_worker)
+    sample = RolloutSample(full_batch=RolloutBatch({"r": torch.ones(1)}), sample_id="s")
+    torch.save(sample, tmp_path / "s.pth")
+    before = [_name(g) for g in torch.serialization.get_safe_globals()]
+    assert not _allowed_names() & set(before)
+    for _ in range(2):
+        assert main(["show", str(tmp_path), "s"]) == 0
+        assert "RolloutSample" in capsys.readouterr().out
+    after = [_name(g) for g in torch.serialization.get_safe_globals()]
+    assert sorted(after) == sorted([*before, *_allowed_names()])  # each added once
+
+
+# --------------------------------------------------------------------------- torch's public API
+
+#: Private torch names the package may use, each with the reason and the test that pins it.
+#: Empty: the safe loader uses torch's public API only.
+ALLOWED_PRIVATE_TORCH: dict[str, str] = {}
+
+
+def _private_torch_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    """Uses of ``torch._x``, ``torch.serialization._y``, ``from torch._z import``, ``getattr``."""
+    aliases = {"torch"}
+    for node in ast.walk(tree):  # names bound to torch or one of its modules
+        if isinstance(node, ast.Import):
+            aliases.update(
+                (a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("torch")
+            )
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+            aliases.update(a.asname or a.name for a in node.names)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+                modules = [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+            found += [(node.lineno, m) for m in modules if m.startswith("torch") and _private(m)]
+        elif isinstance(node, ast.Attribute):
+            dotted = _dotted(node)
+            if dotted.split(".")[0] in aliases and _private(dotted):
+                found.append((node.lineno, dotted))
+        elif isinstance(node, ast.Call) and _dotted(node.func) == "getattr" and node.args:
+            root = _dotted(node.args[0]).split(".")[0]
+            name = node.args[1] if len(node.args) > 1 else None
+            if root in aliases and isinstance(name, ast.Constant) and _private(str(name.value)):
+                found.append((node.lineno, f"getattr({_dotted(node.args[0])}, {name.value!r})"))
+        elif isinstance(node, ast.Constant) and "_weights_only_unpickler" in str(node.value):
+            found.append((node.lineno, repr(node.value)))
+    return found
+
+
+def _private(dotted: str) -> bool:
+    return any(p.startswith("_") and not p.startswith("__") for p in dotted.split("."))
+
+
+def test_no_private_torch_api_anywhere_in_the_package() -> None:
+    # The safe loader is the security boundary: it must not rest on torch internals, which any
+    # release may change (see SECURITY.md section 4).
+    found = []
+    for source in sorted(SRC.rglob("*.py")):
+        tree = ast.parse(source.read_text(), str(source))
+        for line, use in _private_torch_uses(tree):
+            if use not in ALLOWED_PRIVATE_TORCH:
+                found.append(f"{source.relative_to(SRC)}:{line}: {use}")
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import torch\ntorch._C._set_x(1)",
+        "import torch.serialization as s\ns._load(f)",
+        "from torch import serialization\nserialization._legacy_load(f)",
+        "from torch._weights_only_unpickler import Unpickler",
+        "import torch._weights_only_unpickler",
+        "import torch\ngetattr(torch.serialization, '_open_zipfile_reader')",
+        "x = '_weights_only_unpickler'",
+    ],
+)
+def test_the_private_api_check_sees_each_form(code: str) -> None:
+    assert _private_torch_uses(ast.parse(code)) != []
+    assert _private_torch_uses(ast.parse("import torch\ntorch.load(f, weights_only=True)")) == []

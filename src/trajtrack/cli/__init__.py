@@ -25,6 +25,7 @@ import trajtrack.cli.show as show
 import trajtrack.cli.verify as verify
 from trajtrack._exceptions import TrajtrackError
 from trajtrack.cli._common import EXIT_ERROR, Streams
+from trajtrack.reader import allow_in_this_process
 
 __all__ = ["build_parser", "main"]
 
@@ -70,6 +71,10 @@ def main(
 ) -> int:
     """Run the ``trajtrack`` command line; returns the exit code.
 
+    It runs as the owner of its process: it adds trajtrack's allow-list to torch's
+    process-wide one (:func:`trajtrack.reader.allow_in_this_process`), so that dumps load in
+    the process, in parallel, and sets torch's intra-op threads to one.
+
     Args:
         argv: Arguments without the program name (default: ``sys.argv[1:]``).
         stdout: Where results go (default: ``sys.stdout`` at call time).
@@ -86,6 +91,9 @@ def main(
     # that oversubscribe the cores (measured: a 1 MB compare 5x slower with 2 threads on 2
     # cores under load). This is the CLI's own process, so it may set this globally.
     torch.set_num_threads(1)
+    # Loads need trajtrack's allow-list: widened once, here, for this process only (a library
+    # call never widens it; it loads such dumps in trajtrack's worker process instead).
+    allow_in_this_process()
     try:
         code: int = anyio.run(args.handler, args, streams)
     except KeyboardInterrupt:

@@ -6,9 +6,14 @@ Read the modules in this order::
     _listing.py    the list of dumps: record segments + storage listing (+ shard headers)
     _dumps.py      DumpInfo, RunListing: what the reader knows about each dump
     _syncrun.py    SyncRun: the blocking facade (notebooks, scripts)
-    _safe_load.py  loading a dump safely (weights-only, trajtrack's allow-list)
+    _safe_load.py  loading a dump safely: torch.load(weights_only=True), public API only
+    _load_worker.py  ... in trajtrack's own process, for a dump that needs trajtrack's list
+    _portable.py   ... and how that process hands the object back (torch's defaults load it)
+    _main_module.py  ... started only if spawning it would not re-run the caller's script
     _compare.py    compare(): the structural walk over two objects, with a Tolerance
     _numeric.py    element-wise comparison of two tensors (the hot loop of compare)
+    _files.py      two local files compared in place, byte for byte
+    _readahead.py  a bounded read-ahead of the files diff is about to compare
     _diff.py       diff_runs(): two runs paired by name, compared dump by dump
     _export.py     export_run(): any run written out in the files layout
     _report.py     write_diff_report(): the diff as one self-contained HTML page
@@ -37,7 +42,12 @@ from trajtrack.reader._report import (
     write_diff_report,
 )
 from trajtrack.reader._run import Run, open_run
-from trajtrack.reader._safe_load import check_loadable, load_dump_bytes
+from trajtrack.reader._safe_load import (
+    allow_in_this_process,
+    check_loadable,
+    load_dump_bytes,
+    load_dump_file,
+)
 from trajtrack.reader._syncrun import SyncRun
 
 __all__ = [
@@ -51,6 +61,7 @@ __all__ = [
     "RunListing",
     "SyncRun",
     "Tolerance",
+    "allow_in_this_process",
     "check_loadable",
     "compare",
     "diff_runs",
@@ -59,6 +70,7 @@ __all__ = [
     "gather_bounded",
     "load_divergent_tensor",
     "load_dump_bytes",
+    "load_dump_file",
     "matches",
     "open_run",
     "render_diff_report",

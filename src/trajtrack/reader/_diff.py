@@ -4,6 +4,12 @@
 and compares each pair (:func:`trajtrack.reader._compare.compare`), and returns the
 comparisons sorted in dump order (commit time relative to the run's first dump, then name), so
 the first divergence is the first entry that is not equal.
+
+A pair of local files (both storages give a ``local_path``) is compared in place, through two
+buffers each thread reuses (:mod:`trajtrack.reader._files`), and, when the files differ,
+loaded by ``torch.load`` from their paths: no ``bytes`` object per file in between; the kernel
+is told which files come next (:mod:`trajtrack.reader._readahead`). Other storages' files are
+read, then loaded from the bytes.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ import anyio.to_thread
 from trajtrack._exceptions import DumpLoadError, TrajtrackError, UnsafeLoadError
 from trajtrack.reader._compare import Difference, Tolerance, compare
 from trajtrack.reader._dumps import DumpInfo
+from trajtrack.reader._files import LocalFile, inside_run, local_file, same_contents
 from trajtrack.reader._gather import gather_bounded
+from trajtrack.reader._readahead import AVAILABLE as readahead_available, ReadAhead
 from trajtrack.reader._run import Run
-from trajtrack.reader._safe_load import check_loadable, load_dump_bytes
+from trajtrack.reader._safe_load import check_loadable, load_dump_bytes, load_dump_file
 
 __all__ = ["DumpComparison", "RunDiff", "diff_runs"]
 
@@ -143,8 +151,30 @@ async def diff_runs(
     Raises:
         StorageError: Listing a run failed (per-dump read failures become ``error`` entries).
     """
-    tol = tolerance or Tolerance()
     listed_a, listed_b = await _list_both(run_a, run_b, names)
+    pairs = _pairs(listed_a, listed_b)
+    limit = max(1, min(run_a.concurrency, run_b.concurrency))
+    # Loading and comparing is CPU work: more threads than cores only contend for the GIL,
+    # the caches and the cores the reads need (measured: not faster, often slower).
+    cpu = anyio.CapacityLimiter(min(limit, os.cpu_count() or 1))
+    comparer = _Comparer(run_a, run_b, tolerance or Tolerance(), unsafe, limit_per_dump, cpu)
+    comparer.find_local_files(pairs)
+    total = len(pairs)
+    progress = (lambda done: on_progress(done, total)) if on_progress else None
+    async with anyio.create_task_group() as group:
+        if comparer.local and readahead_available:
+            group.start_soon(comparer.readahead.run)
+        results = await gather_bounded(pairs, comparer.compare, limit=limit, on_done=progress)
+        group.cancel_scope.cancel()
+    results.sort(key=lambda c: (c.order, c.name))
+    return RunDiff(run_a.url, run_b.url, comparer.tol, tuple(results))
+
+
+_Pair = tuple[str, DumpInfo | None, DumpInfo | None, float]
+
+
+def _pairs(listed_a: list[DumpInfo], listed_b: list[DumpInfo]) -> list[_Pair]:
+    """``(name, a, b, order)`` per dump name in either run; *order* places it in dump order."""
     dumps_a = {d.name: d for d in listed_a}
     dumps_b = {d.name: d for d in listed_b}
     start_a = _first_time(dumps_a.values())
@@ -153,43 +183,69 @@ async def diff_runs(
     def order(info: DumpInfo, start: float) -> float:
         return (info.time - start) if info.time is not None else math.inf
 
-    pairs: list[tuple[str, DumpInfo | None, DumpInfo | None, float]] = []
+    pairs: list[_Pair] = []
     for name in dumps_a.keys() | dumps_b.keys():
         a, b = dumps_a.get(name), dumps_b.get(name)
         rank = order(a, start_a) if a is not None else order(b, start_b)  # type: ignore[arg-type]
         pairs.append((name, a, b, rank))
-    total = len(pairs)
+    return pairs
 
-    async def one(pair: tuple[str, DumpInfo | None, DumpInfo | None, float]) -> DumpComparison:
+
+class _Comparer:
+    """Compares one pair of dumps: in place for local files, else from the bytes read."""
+
+    def __init__(
+        self,
+        run_a: Run,
+        run_b: Run,
+        tol: Tolerance,
+        unsafe: bool,
+        limit: int,
+        cpu: anyio.CapacityLimiter,
+    ) -> None:
+        self.run_a, self.run_b, self.tol = run_a, run_b, tol
+        self.unsafe, self.limit, self.cpu = unsafe, limit, cpu
+        self.local: dict[str, tuple[LocalFile, LocalFile]] = {}
+        self.readahead = ReadAhead([])
+
+    def find_local_files(self, pairs: list[_Pair]) -> None:
+        """The pairs of files both on this machine (both present), and their read-ahead."""
+        sized = []
+        for name, a, b, _ in pairs:
+            if a is not None and b is not None and _readable(a) and _readable(b):
+                paths = _local_paths(self.run_a, self.run_b, a, b)
+                if paths is not None:
+                    self.local[name] = paths
+                    size = (a.stored_size or 0) + (b.stored_size or 0)
+                    sized.append((paths[0].path, paths[1].path, size))
+        self.readahead = ReadAhead(sized)  # in the order compare() takes the pairs
+
+    async def compare(self, pair: _Pair) -> DumpComparison:
         name, a, b, rank = pair
         if a is None or b is None:
             status: Status = "only_in_b" if a is None else "only_in_a"
             return DumpComparison(name, status, a, b, order=rank)
+        tol, unsafe, limit = self.tol, self.unsafe, self.limit
         try:
-            data_a, data_b = await _read_pair(run_a, run_b, a, b)
-            found = await anyio.to_thread.run_sync(
-                _load_and_compare,
-                data_a,
-                data_b,
-                name,
-                tol,
-                unsafe,
-                limit_per_dump,
-                limiter=cpu,
-            )
+            paths = self.local.get(name)
+            if paths is not None:  # compared and loaded from the files themselves
+                path_a, path_b = paths
+                try:
+                    found = await anyio.to_thread.run_sync(
+                        _compare_files, path_a, path_b, name, tol, unsafe, limit, limiter=self.cpu
+                    )
+                finally:
+                    self.readahead.finished()
+            else:
+                _check_present(a, b)
+                data_a, data_b = await _read_pair(self.run_a, self.run_b, a, b)
+                found = await anyio.to_thread.run_sync(
+                    _load_and_compare, data_a, data_b, name, tol, unsafe, limit, limiter=self.cpu
+                )
         except (TrajtrackError, OSError) as exc:
             return DumpComparison(name, "error", a, b, error=_message(exc), order=rank)
         status = "different" if found else "equal"
         return DumpComparison(name, status, a, b, tuple(found), order=rank)
-
-    progress = (lambda done: on_progress(done, total)) if on_progress else None
-    limit = max(1, min(run_a.concurrency, run_b.concurrency))
-    # Loading and comparing is CPU work: more threads than cores only contend for the GIL,
-    # the caches and the cores the reads need (measured: not faster, often slower).
-    cpu = anyio.CapacityLimiter(min(limit, os.cpu_count() or 1))
-    results = await gather_bounded(pairs, one, limit=limit, on_done=progress)
-    results.sort(key=lambda c: (c.order, c.name))
-    return RunDiff(run_a.url, run_b.url, tol, tuple(results))
 
 
 async def _list_both(
@@ -214,10 +270,24 @@ async def _list_both(
     return listed[0], listed[1]  # type: ignore[return-value]  # no exceptions left
 
 
-async def _read_pair(run_a: Run, run_b: Run, a: DumpInfo, b: DumpInfo) -> tuple[bytes, bytes]:
-    for info in (a, b):
+def _readable(info: DumpInfo) -> bool:
+    return info.present and info.problem is None
+
+
+def _check_present(*infos: DumpInfo) -> None:
+    for info in infos:
         if not info.present:
             raise DumpLoadError(f"{info.path} is recorded but missing from the storage")
+
+
+def _local_paths(
+    run_a: Run, run_b: Run, a: DumpInfo, b: DumpInfo
+) -> tuple[LocalFile, LocalFile] | None:
+    file_a, file_b = local_file(run_a.storage, a), local_file(run_b.storage, b)
+    return None if file_a is None or file_b is None else (file_a, file_b)
+
+
+async def _read_pair(run_a: Run, run_b: Run, a: DumpInfo, b: DumpInfo) -> tuple[bytes, bytes]:
     # One after the other: the parallelism is across pairs (a task group per pair would cost
     # more than it saves when every pair is in flight at once).
     return await run_a.read_bytes(a), await run_b.read_bytes(b)
@@ -231,10 +301,22 @@ def _load_and_compare(
         # refused here too (a static scan of its pickle; the tensors are not loaded).
         check_loadable(data_a, unsafe=unsafe, where=f"A:{name}")
         return []
-    # The objects are only compared, never written to or returned: their tensors may use the
-    # read bytes' memory (no copy, no fresh pages).
-    obj_a = load_dump_bytes(data_a, unsafe=unsafe, where=f"A:{name}", share_memory=True)
-    obj_b = load_dump_bytes(data_b, unsafe=unsafe, where=f"B:{name}", share_memory=True)
+    obj_a = load_dump_bytes(data_a, unsafe=unsafe, where=f"A:{name}")
+    obj_b = load_dump_bytes(data_b, unsafe=unsafe, where=f"B:{name}")
+    found: list[Difference] = compare(obj_a, obj_b, tol, limit=limit)
+    return found
+
+
+def _compare_files(
+    file_a: LocalFile, file_b: LocalFile, name: str, tol: Tolerance, unsafe: bool, limit: int
+) -> list[Difference]:
+    """:func:`_load_and_compare` for two local files: compared, then loaded by torch itself."""
+    path_a, path_b = inside_run(file_a, f"A:{name}"), inside_run(file_b, f"B:{name}")
+    if tol.equal_nan and same_contents(path_a, path_b):
+        check_loadable(path_a, unsafe=unsafe, where=f"A:{name}")
+        return []
+    obj_a = load_dump_file(path_a, unsafe=unsafe, where=f"A:{name}")
+    obj_b = load_dump_file(path_b, unsafe=unsafe, where=f"B:{name}")
     found: list[Difference] = compare(obj_a, obj_b, tol, limit=limit)
     return found
 

@@ -22,11 +22,17 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from trajtrack._exceptions import DumpLoadError, StorageNotFoundError, StoragePermissionError
+from trajtrack._exceptions import (
+    DumpLoadError,
+    StorageError,
+    StorageNotFoundError,
+    StoragePermissionError,
+)
 from trajtrack.backends import Storage, open_storage
 from trajtrack.reader._dumps import DumpInfo, RunListing, matches
+from trajtrack.reader._files import LocalFile, inside_run, local_file
 from trajtrack.reader._listing import scan_run
-from trajtrack.reader._safe_load import load_dump_bytes
+from trajtrack.reader._safe_load import load_dump_bytes, load_dump_file
 
 __all__ = ["DEFAULT_CONCURRENCY", "Run", "open_run"]
 
@@ -154,10 +160,7 @@ class Run:
             DumpLoadError: Its shard holds fewer bytes than the record says.
         """
         info = name if isinstance(name, DumpInfo) else await self.info(name)
-        if info.problem is not None:
-            raise StoragePermissionError(
-                f"{self._url}: refusing to read {info.name!r}: {info.problem}"
-            )
+        self._check_readable(info)
         storage = await self._opened()
         if info.shard is None:
             return await storage.read(info.path)
@@ -168,6 +171,12 @@ class Run:
                 f"{info.size} bytes (truncated)"
             )
         return data
+
+    def _check_readable(self, info: DumpInfo) -> None:
+        if info.problem is not None:
+            raise StoragePermissionError(
+                f"{self._url}: refusing to read {info.name!r}: {info.problem}"
+            )
 
     async def load(self, name: str | DumpInfo, *, unsafe: bool = False) -> Any:
         """Read and deserialize one dump; tensors come back on the CPU.
@@ -183,6 +192,10 @@ class Run:
             StoragePermissionError: The dump's path would leave the run.
         """
         info = name if isinstance(name, DumpInfo) else await self.info(name)
+        self._check_readable(info)
+        path = local_file(await self._opened(), info)
+        if path is not None:  # torch reads the file itself: no copy of its bytes in between
+            return await anyio.to_thread.run_sync(_load_file_sync, path, unsafe, info.name)
         data = await self.read_bytes(info)
         return await anyio.to_thread.run_sync(_load_sync, data, unsafe, info.name)
 
@@ -223,6 +236,18 @@ class Run:
 
 def _load_sync(data: bytes, unsafe: bool, where: str) -> Any:
     return load_dump_bytes(data, unsafe=unsafe, where=where)
+
+
+def _load_file_sync(file: LocalFile, unsafe: bool, where: str) -> Any:
+    path = file.path
+    try:
+        return load_dump_file(inside_run(file, where), unsafe=unsafe, where=where)
+    except FileNotFoundError as exc:
+        raise StorageNotFoundError(f"{where}: {path}: no such file") from exc
+    except OSError as exc:
+        if isinstance(exc, StorageError):
+            raise
+        raise StorageError(f"{where}: cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def open_run(url: str | os.PathLike[str], **options: Any) -> Run:

@@ -1,11 +1,24 @@
-"""Safe loading of dumps: ``torch.load(weights_only=True)`` with trajtrack's allow-list.
+"""Safe loading of dumps: ``torch.load(weights_only=True)``, torch's public API only.
 
-A dump directory is untrusted input: unpickling runs whatever code the pickle names. By default
-dumps load with PyTorch's restricted unpickler, which only builds tensors, containers, scalars
-and the globals allow-listed here (the rollout layer's :data:`trajtrack.rollout.SAFE_GLOBALS`:
-``RolloutSample``, ``RolloutBatch``, ``ValidateMetrics`` and the numpy reconstructors they
-need). A dump that needs anything else raises :class:`~trajtrack.UnsafeLoadError` naming the
-offending global; ``unsafe=True`` does a full unpickle, with a logged warning.
+A dump directory is untrusted input: unpickling runs whatever code the pickle names. Dumps load
+with PyTorch's restricted unpickler, which only builds tensors, containers, scalars and the
+globals allow-listed for it, and nothing here touches torch's internals. trajtrack's own
+allow-list (:func:`allowed_globals`: the rollout layer's :data:`trajtrack.rollout.SAFE_GLOBALS`
+— ``RolloutSample``, ``RolloutBatch``, ``ValidateMetrics`` and the numpy types they need — plus
+``OrderedDict`` and ``Counter``) is never added to the caller's process-wide list behind its back:
+
+1. Every load first runs ``torch.load(weights_only=True)`` with the process's own allow-list
+   (torch's defaults and whatever the process added itself). Plain tensor data needs no more.
+2. If that refuses a global, the dump's pickle is scanned statically
+   (``torch.serialization.get_unsafe_globals_in_checkpoint``; nothing is run). A global
+   outside trajtrack's list: :class:`~trajtrack.UnsafeLoadError`, naming it.
+3. Only trajtrack's list is missing: the dump is loaded by trajtrack's worker process, which
+   has that list (:mod:`trajtrack.reader._load_worker`), and comes back through
+   ``torch.load(weights_only=True)`` with torch's defaults.
+
+A process that may widen its own list (the ``trajtrack`` command) calls
+:func:`allow_in_this_process` once; step 1 then loads everything in the process, in parallel
+threads, with no lock. ``unsafe=True`` does a full unpickle, with a logged warning.
 """
 
 from __future__ import annotations
@@ -13,6 +26,7 @@ from __future__ import annotations
 import collections
 import io
 import logging
+import os
 import pickle
 import re
 import threading
@@ -22,14 +36,39 @@ from typing import Any
 import torch
 
 from trajtrack._exceptions import DumpLoadError, UnsafeLoadError
-from trajtrack.reader._weights_only import RestrictedLoader, restricted_loader
 
-__all__ = ["allowed_globals", "check_loadable", "load_dump_bytes"]
+__all__ = [
+    "allow_in_this_process",
+    "allowed_globals",
+    "check_loadable",
+    "first_line",
+    "load_dump_bytes",
+    "load_dump_file",
+    "refused_globals",
+    "restricted_load",
+    "sparse_checks_enabled",
+]
 
 logger = logging.getLogger(__name__)
 
 _GLOBAL_IN_MESSAGE = re.compile(r"GLOBAL\s+([\w.]+)")
-_SAFE_LOAD_LOCK = threading.Lock()
+# torch validates loaded sparse tensors (when check_sparse_tensor_invariants is on) from one
+# process-wide list that every load empties when it ends: such loads must not overlap.
+_SPARSE_CHECK_LOCK = threading.Lock()
+
+# What opening a file raises; torch raises other OSErrors (EINVAL...) on a truncated archive.
+_CANNOT_OPEN = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+#: Globals whose own unpickling is not restricted: allow-listing them defeats weights-only.
+_UNRESTRICTED = {
+    "verl.protocol.DataProto": (
+        "verl's DataProto cannot be loaded safely: its __setstate__ calls "
+        "torch.load(weights_only=False) on the TensorDict inside, so allow-listing it would make "
+        "the whole load unrestricted. Dump the batch as a trajtrack.rollout.RolloutBatch instead: "
+        "RolloutBatch(batch=dict(proto.batch.items()), non_tensor_batch=proto.non_tensor_batch, "
+        "meta_info=proto.meta_info)"
+    ),
+}
 
 
 @lru_cache(maxsize=1)
@@ -44,9 +83,23 @@ def allowed_globals() -> tuple[Any, ...]:
     return (*SAFE_GLOBALS, *extra)
 
 
-def load_dump_bytes(
-    data: bytes, *, unsafe: bool = False, where: str = "dump", share_memory: bool = False
-) -> Any:
+@lru_cache(maxsize=1)
+def _allowed_names() -> frozenset[str]:
+    return frozenset(_name(g) for g in allowed_globals())
+
+
+def allow_in_this_process() -> None:
+    """Add trajtrack's allow-list to torch's process-wide one, for a process you own.
+
+    Afterwards every ``torch.load(weights_only=True)`` in this process — trajtrack's and any
+    other — accepts trajtrack's rollout records and the numpy types they need, and trajtrack
+    loads them in the process (in parallel threads) instead of in its load worker. The
+    ``trajtrack`` command calls it when it starts. Calling it again changes nothing.
+    """
+    torch.serialization.add_safe_globals(list(allowed_globals()))
+
+
+def load_dump_bytes(data: bytes, *, unsafe: bool = False, where: str = "dump") -> Any:
     """Deserialize the bytes of one dump (blocking, thread-safe; call it in a worker thread).
 
     Args:
@@ -54,9 +107,6 @@ def load_dump_bytes(
         unsafe: Unpickle anything, running whatever code the dump names. Only for dumps you
             trust; a warning is logged.
         where: The dump's name or URL, for messages.
-        share_memory: Tensors may use *data*'s memory instead of copies: faster, but they
-            must be treated as read-only and not kept beyond *data* (``diff`` uses it for
-            objects it only compares). Safe loads only.
 
     Returns:
         The object, with tensors on the CPU.
@@ -67,31 +117,47 @@ def load_dump_bytes(
         DumpLoadError: The bytes are not a loadable dump (corrupt, truncated, not torch).
     """
     if unsafe:
-        logger.warning("loading %s with a full unpickle (unsafe=True): it can run code", where)
-        return _load(data, where, weights_only=False)
-    try:
-        loader = restricted_loader(allowed_globals())
-        if loader is not None:  # torch's unpickler with our allow-list: no shared state
-            return _restricted_load(loader, data, where, share_memory)
-        # Fallback for a torch without the internals the loader uses. safe_globals() swaps a
-        # process-wide list on enter and restores it on exit, so two threads inside it at
-        # once corrupt each other's allow-list: one load at a time. (add_safe_globals() would
-        # avoid the lock but widen torch.load for the whole process.)
-        with _SAFE_LOAD_LOCK, torch.serialization.safe_globals(list(allowed_globals())):
-            return _load(data, where, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        offending = _offending_globals(data, str(exc))
-        if offending:
-            raise UnsafeLoadError(_refusal(where, offending)) from exc
-        raise DumpLoadError(f"{where}: cannot be loaded: {_first_line(exc)}") from exc
+        return _unsafe_load(data, where)
+    return _safe_load(data, where)
 
 
-def check_loadable(data: bytes, *, unsafe: bool = False, where: str = "dump") -> None:
+def load_dump_file(
+    path: str | os.PathLike[str], *, unsafe: bool = False, where: str | None = None
+) -> Any:
+    """Deserialize one dump file from the local filesystem, as :func:`load_dump_bytes` does.
+
+    torch reads the file itself: no intermediate copy of its bytes.
+
+    Args:
+        path: The file.
+        unsafe: As for :func:`load_dump_bytes`.
+        where: The dump's name, for messages (default: the path).
+
+    Returns:
+        The object, with tensors on the CPU.
+
+    Raises:
+        UnsafeLoadError: As :func:`load_dump_bytes`.
+        DumpLoadError: As :func:`load_dump_bytes`.
+        FileNotFoundError: No such file (``PermissionError``, ``IsADirectoryError``... for the
+            other reasons a file cannot be opened).
+    """
+    name = os.fspath(path)
+    where = where or name
+    if unsafe:
+        return _unsafe_load(name, where)
+    return _safe_load(name, where)
+
+
+def check_loadable(
+    source: bytes | str | os.PathLike[str], *, unsafe: bool = False, where: str = "dump"
+) -> None:
     """Refuse what :func:`load_dump_bytes` would refuse, without loading the tensors.
 
-    For a ``torch.save`` zip, the pickle's globals are scanned statically (nothing is run)
-    against PyTorch's weights-only set and trajtrack's allow-list; other formats are loaded.
-    ``diff`` uses it for byte-identical pairs, which need no comparison.
+    For a ``torch.save`` zip (its bytes, or a local file), the pickle's globals are scanned
+    statically (nothing is run) against PyTorch's weights-only set, the process's own additions
+    and trajtrack's allow-list; other formats are loaded. ``diff`` uses it for byte-identical
+    pairs, which need no comparison.
 
     Raises:
         UnsafeLoadError: As :func:`load_dump_bytes`.
@@ -99,60 +165,159 @@ def check_loadable(data: bytes, *, unsafe: bool = False, where: str = "dump") ->
     """
     if unsafe:
         return
+    loadable = source if isinstance(source, bytes) else os.fspath(source)
     try:
-        found = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(_file(loadable))
     except Exception:  # not a zip checkpoint: let the real loader decide
-        load_dump_bytes(data, unsafe=False, where=where)
+        _safe_load(loadable, where)
         return
-    allowed = {f"{g.__module__}.{getattr(g, '__qualname__', '')}" for g in allowed_globals()}
-    offending = [name for name in found if name not in allowed]
+    offending = sorted(name for name in found if name not in _allowed_names())
     if offending:
         raise UnsafeLoadError(_refusal(where, offending))
 
 
+def refused_globals(source: Any, message: str) -> list[str]:
+    """The globals a refused dump needs beyond this process's allow-list (nothing is run).
+
+    Args:
+        source: A path or a binary file positioned at the dump's start.
+        message: torch's refusal, which names the first global it refused.
+    """
+    try:
+        found = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(source))
+    except Exception:  # not a zip checkpoint (a plain pickle): rely on torch's message
+        found = []
+    match = _GLOBAL_IN_MESSAGE.search(message)
+    if match and match.group(1) not in found:
+        found.insert(0, match.group(1))
+    return found
+
+
+def first_line(exc: BaseException) -> str:
+    """``TypeName: first line of the message``, for error messages."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _safe_load(source: bytes | str, where: str) -> Any:
+    try:
+        return restricted_load(source)
+    except pickle.UnpicklingError as exc:
+        refusal = exc
+    except _CANNOT_OPEN:
+        raise  # the file could not be opened: the caller's error, not the dump's
+    except Exception as exc:  # RuntimeError, EOFError, OSError(EINVAL)... on bad bytes
+        raise DumpLoadError(f"{where}: cannot be loaded: {first_line(exc)}") from exc
+    needed = refused_globals(_file(source), str(refusal))
+    offending = [name for name in needed if name not in _allowed_names()]
+    if offending:
+        raise UnsafeLoadError(_refusal(where, offending)) from refusal
+    if not needed:
+        raise DumpLoadError(f"{where}: cannot be loaded: {first_line(refusal)}") from refusal
+    return _load_in_worker(source, where, needed)
+
+
+def restricted_load(source: Any) -> Any:
+    """``torch.load(source, weights_only=True)`` onto the CPU, with the process's allow-list.
+
+    *source* is bytes, a path or a binary file. While torch checks sparse tensors as it loads
+    them, loads run one at a time: torch validates them at the end of a load from one
+    process-wide list, which every load empties, and which a load that fails half-way
+    leaves filled (the next load would validate, and blame, the failed dump's tensors).
+    """
+    file = _file(source) if isinstance(source, bytes) else source
+    if not sparse_checks_enabled():
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=False)
+    with _SPARSE_CHECK_LOCK:
+        try:
+            return torch.load(file, map_location="cpu", weights_only=True, mmap=False)
+        except BaseException:
+            _empty_sparse_validation_list()
+            raise
+
+
+def _empty_sparse_validation_list() -> None:
+    # A successful load ends by validating and emptying torch's list: load an empty archive.
+    try:
+        torch.load(io.BytesIO(_empty_archive()), weights_only=True)
+    except Exception:  # a stale invalid tensor is reported here, and dropped
+        logger.debug("dropped sparse tensors left by a failed load", exc_info=True)
+
+
+@lru_cache(maxsize=1)
+def _empty_archive() -> bytes:
+    buffer = io.BytesIO()
+    torch.save(None, buffer)
+    return buffer.getvalue()
+
+
+def sparse_checks_enabled() -> bool:
+    """Whether torch validates sparse tensors as it loads them (sparse invariant checks)."""
+    checks: Any = torch.sparse.check_sparse_tensor_invariants  # untyped in torch's stubs
+    return bool(checks.is_enabled())
+
+
+def _load_in_worker(source: bytes | str, where: str, needed: list[str]) -> Any:
+    """A dump that needs trajtrack's allow-list and nothing else, loaded by the load worker."""
+    from trajtrack.reader import _load_worker
+
+    try:
+        if isinstance(source, bytes):
+            reply = _load_worker.request_load(data=source)
+        else:
+            reply = _load_worker.request_load(path=source)
+    except _load_worker.MainModuleError as exc:
+        raise UnsafeLoadError(
+            f"{where}: it needs trajtrack's allow-list ({', '.join(needed)}), which trajtrack "
+            "adds to its own load worker's process, never to yours; but a new process would "
+            f"re-run this program: {exc}. Call trajtrack.reader.allow_in_this_process() first "
+            "to load such dumps here (it widens torch.load(weights_only=True) in this process "
+            "for trajtrack's types), or move the script's code under "
+            "`if __name__ == '__main__':`"
+        ) from None
+    except Exception as exc:  # the worker died, or sent what torch's defaults refuse
+        raise DumpLoadError(f"{where}: cannot be loaded: {first_line(exc)}") from exc
+    if reply.status == "ok":
+        return reply.obj
+    if reply.status == "refused" and reply.offending:
+        raise UnsafeLoadError(_refusal(where, list(reply.offending)))
+    raise DumpLoadError(f"{where}: cannot be loaded: {reply.message}")
+
+
+def _unsafe_load(source: bytes | str, where: str) -> Any:
+    logger.warning("loading %s with a full unpickle (unsafe=True): it can run code", where)
+    try:
+        return torch.load(_file(source), map_location="cpu", weights_only=False, mmap=False)
+    except _CANNOT_OPEN:
+        raise
+    except pickle.UnpicklingError:
+        raise DumpLoadError(f"{where}: cannot be unpickled") from None
+    except Exception as exc:  # torch raises RuntimeError, EOFError, KeyError... on bad bytes
+        raise DumpLoadError(f"{where}: cannot be loaded: {first_line(exc)}") from exc
+
+
 def _refusal(where: str, offending: list[str]) -> str:
-    return (
+    process_wide = {_name(g) for g in torch.serialization.get_safe_globals()}
+    text = (
         f"{where}: refusing to load: it references {', '.join(offending)}, which is not "
         "on trajtrack's allow-list (a pickle can run arbitrary code); load it with "
         "unsafe=True / --unsafe only if you trust its source"
     )
+    advice = [_UNRESTRICTED[name] for name in offending if name in _UNRESTRICTED]
+    if any(name in process_wide for name in offending):
+        advice.append(
+            "this process allows some of them, but a dump that also needs trajtrack's "
+            "allow-list is loaded by trajtrack's worker with that list only; call "
+            "trajtrack.reader.allow_in_this_process() to load it in this process"
+        )
+    return "; ".join([text, *advice])
 
 
-def _restricted_load(loader: RestrictedLoader, data: bytes, where: str, share: bool) -> Any:
-    try:
-        return loader.load(data, share_memory=share)
-    except (pickle.UnpicklingError, DumpLoadError):
-        raise  # the caller tells a refused global from corruption
-    except Exception as exc:  # torch raises RuntimeError, EOFError, KeyError... on bad bytes
-        raise DumpLoadError(f"{where}: cannot be loaded: {_first_line(exc)}") from exc
+def _file(source: bytes | str) -> Any:
+    return io.BytesIO(source) if isinstance(source, bytes) else source
 
 
-def _load(data: bytes, where: str, *, weights_only: bool) -> Any:
-    try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
-    except pickle.UnpicklingError:
-        if weights_only:
-            raise  # the caller tells a refused global from corruption
-        raise DumpLoadError(f"{where}: cannot be unpickled") from None
-    except Exception as exc:  # torch raises RuntimeError, EOFError, KeyError... on bad bytes
-        raise DumpLoadError(f"{where}: cannot be loaded: {_first_line(exc)}") from exc
-
-
-def _offending_globals(data: bytes, message: str) -> list[str]:
-    """The globals a refused dump needs, found by scanning it (nothing is executed)."""
-    names: list[str] = []
-    try:
-        found = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
-    except Exception:  # not a zip checkpoint (plain pickle): rely on torch's message
-        found = []
-    allowed = {f"{g.__module__}.{getattr(g, '__qualname__', '')}" for g in allowed_globals()}
-    names.extend(name for name in found if name not in allowed)
-    match = _GLOBAL_IN_MESSAGE.search(message)
-    if match and match.group(1) not in names:
-        names.insert(0, match.group(1))
-    return names
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+def _name(value: Any) -> str:
+    if isinstance(value, tuple):  # (global, "module.name"), as add_safe_globals accepts
+        return str(value[1])
+    return f"{value.__module__}.{getattr(value, '__qualname__', '')}"

@@ -45,4 +45,8 @@ Example::
 
     with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
         sample = torch.load(path, weights_only=True)
+
+``safe_globals()`` widens the list for the whole process while it is entered; trajtrack's reader
+(``open_run(...).load``) loads these records without changing it. Never add verl's ``DataProto``:
+its ``__setstate__`` runs ``torch.load(weights_only=False)`` (see ``docs/rollout.md``).
 """

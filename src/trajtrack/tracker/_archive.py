@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import warnings
 from collections import OrderedDict
 from typing import Any, Final
 
@@ -62,16 +63,31 @@ _V2_STORAGES: Final = {  # the dtypes torch pickles as a typed storage (_rebuild
     torch.complex128: torch.ComplexDoubleStorage,
     torch.complex64: torch.ComplexFloatStorage,
 }
-# The dtypes torch pickles as an untyped storage (_rebuild_tensor_v3). Which they are depends
-# on the torch version (uint16 is one in 2.13; torch 2.4 cannot save it at all), and only this
-# private function of torch says; tests pin it. Without it, such tensors fall back.
-_V3_DTYPES: Final[frozenset[torch.dtype]] = frozenset(
-    getattr(torch.storage, "_new_dtypes", frozenset)()
-)
 _HAS_NAMES: Final = hasattr(torch.Tensor, "has_names")  # named tensors (2.4 has them, 2.13 not)
-# The format's own globals (pickled by name, like torch.save pickles them).
-_REBUILD_V2: Final = torch._utils._rebuild_tensor_v2
-_REBUILD_V3: Final = torch._utils._rebuild_tensor_v3
+
+
+def _pickled_by(dtype: torch.dtype) -> Any:
+    """The function torch's own pickling (``Tensor.__reduce_ex__``) rebuilds *dtype* with."""
+    with warnings.catch_warnings():  # complex32: "experimental"
+        warnings.simplefilter("ignore")
+        try:
+            reduce: Any = torch.empty(0, dtype=dtype).__reduce_ex__
+            return reduce(_PROTOCOL)[0]
+        except Exception:  # a dtype this torch cannot make or save: never archived
+            return None
+
+
+# The format's own globals, pickled by name as torch.save pickles them, taken from what torch's
+# public pickling protocol returns (not named here: they live in a private module of torch).
+_REBUILD_V2: Final = _pickled_by(torch.float32)
+_REBUILD_V3: Final = _pickled_by(torch.uint16) if hasattr(torch, "uint16") else None
+# The dtypes torch pickles as an untyped storage (_rebuild_tensor_v3): which they are depends
+# on the torch version (uint16 is one in 2.13; torch 2.4 cannot save it at all), so ask it.
+_V3_DTYPES: Final[frozenset[torch.dtype]] = frozenset(
+    dtype
+    for dtype in {value for value in vars(torch).values() if isinstance(value, torch.dtype)}
+    if dtype not in _V2_STORAGES and _REBUILD_V3 is not None and _pickled_by(dtype) is _REBUILD_V3
+)
 _REFUSED: Final = (torch.Tensor, torch.storage.TypedStorage, torch.UntypedStorage)
 
 

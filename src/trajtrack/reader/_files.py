@@ -1,0 +1,100 @@
+"""Two local dump files compared byte for byte: :func:`same_contents`.
+
+``diff`` asks first whether a pair is byte-identical (then nothing is loaded). The two files are
+read chunk by chunk into two buffers that each thread keeps (no allocation and no fresh pages
+per file; ``readinto`` releases the GIL) and compared as 8-byte words with numpy, stopping at
+the first chunk that differs. Memory maps of the files were measured too
+(``benchmarks/README.md``): mapping and unmapping two files per pair cost more than the copy on
+a 2-core VM, and a map dies with ``SIGBUS`` when its file is truncated.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from typing import NamedTuple
+
+import numpy as np
+
+from trajtrack._exceptions import StoragePermissionError
+from trajtrack.backends import Storage
+from trajtrack.reader._dumps import DumpInfo
+
+__all__ = ["LocalFile", "inside_run", "local_file", "same_contents"]
+
+_CHUNK = 1 << 20  # bytes read and compared at a time, per file
+_buffers = threading.local()
+
+
+class LocalFile(NamedTuple):
+    """A dump's own local file, and the root of its run (which it must stay inside)."""
+
+    path: str
+    root: str
+
+
+def local_file(storage: Storage, info: DumpInfo) -> LocalFile | None:
+    """The local file that holds *info* alone, or ``None`` (not local, or a shard member).
+
+    Open it through :func:`inside_run`, in a thread.
+    """
+    if info.shard is not None:
+        return None
+    local_path = getattr(storage, "local_path", None)  # absent from older third-party storages
+    if local_path is None:
+        return None
+    path, root = local_path(info.path), local_path("")
+    return None if path is None or root is None else LocalFile(path, root)
+
+
+def inside_run(file: LocalFile, where: str) -> str:
+    """The file's path resolved, if it stays inside its run (blocking: ``realpath``).
+
+    A symbolic link planted in a run never leads a reader out of it, as with
+    :meth:`~trajtrack.backends.local.LocalStorage.read`.
+
+    Raises:
+        StoragePermissionError: It resolves outside the run.
+    """
+    real_root, real = os.path.realpath(file.root), os.path.realpath(file.path)
+    if real != real_root and not real.startswith(real_root + os.sep):
+        raise StoragePermissionError(
+            f"{where}: refusing to read {file.path}: it resolves outside the run ({real}), "
+            "through a symbolic link"
+        )
+    return real
+
+
+def same_contents(path_a: str, path_b: str) -> bool:
+    """Whether two files hold the same bytes (blocking).
+
+    Raises:
+        OSError: A file cannot be opened or read.
+    """
+    buffer_a, buffer_b = _thread_buffers()
+    with open(path_a, "rb", buffering=0) as file_a, open(path_b, "rb", buffering=0) as file_b:
+        if os.fstat(file_a.fileno()).st_size != os.fstat(file_b.fileno()).st_size:
+            return False
+        return _same_from_here(file_a, file_b, buffer_a, buffer_b)
+
+
+def _thread_buffers() -> tuple[bytearray, bytearray]:
+    buffers: tuple[bytearray, bytearray] | None = getattr(_buffers, "pair", None)
+    if buffers is None:
+        buffers = _buffers.pair = (bytearray(_CHUNK), bytearray(_CHUNK))
+    return buffers
+
+
+def _same_from_here(file_a: io.FileIO, file_b: io.FileIO, a: bytearray, b: bytearray) -> bool:
+    while True:
+        got_a, got_b = file_a.readinto(a), file_b.readinto(b)
+        if got_a != got_b:  # a file changed size meanwhile (or a short read: then compare)
+            return False
+        if not got_a:
+            return True
+        whole = got_a // 8 * 8
+        words_a = np.frombuffer(a, dtype=np.uint64, count=whole // 8)
+        words_b = np.frombuffer(b, dtype=np.uint64, count=whole // 8)
+        if not np.array_equal(words_a, words_b) or a[whole:got_a] != b[whole:got_a]:
+            return False

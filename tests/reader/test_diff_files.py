@@ -1,0 +1,88 @@
+"""``diff`` of local runs: pairs compared in place, loaded from their files, read ahead."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import trajtrack.reader._diff as diff_module
+from trajtrack.reader import diff_runs, open_run
+from trajtrack.reader._files import same_contents
+from trajtrack.reader._readahead import ReadAhead
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "equal"),
+    [
+        (b"", b"", True),
+        (bytes(range(256)) * 40, bytes(range(256)) * 40, True),
+        (bytes(1000) + b"x", bytes(1000) + b"y", False),  # the last, unaligned byte
+        (bytes(3 << 20) + b"1" + bytes(7), bytes(3 << 20) + b"2" + bytes(7), False),  # chunk 4
+        (bytes(3 << 20) + b"12345678", bytes(3 << 20) + b"12345678", True),  # several chunks
+        (bytes(100), bytes(101), False),
+    ],
+)
+def test_same_contents(tmp_path: Path, a: bytes, b: bytes, equal: bool) -> None:
+    (tmp_path / "a").write_bytes(a)
+    (tmp_path / "b").write_bytes(b)
+    assert same_contents(str(tmp_path / "a"), str(tmp_path / "b")) is equal
+
+
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every file diff loads from its path."""
+    seen: list[str] = []
+    real = diff_module.load_dump_file
+
+    def recording(path: str, **options: Any) -> Any:
+        seen.append(Path(path).name)
+        return real(path, **options)
+
+    monkeypatch.setattr(diff_module, "load_dump_file", recording)
+    return seen
+
+
+async def test_local_pairs_are_loaded_from_their_files_and_identical_ones_not_at_all(
+    tmp_path: Path, loads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_ahead: list[list[str]] = []
+    real_run = ReadAhead.run
+
+    async def run(self: ReadAhead) -> None:
+        read_ahead.append(sorted(Path(a).name for a, _, _ in self._pairs))
+        await real_run(self)
+
+    monkeypatch.setattr(ReadAhead, "run", run)
+    a, b = tmp_path / "a", tmp_path / "b"
+    for run, value in ((a, 1.0), (b, 2.0)):
+        run.mkdir()
+        torch.save({"x": torch.ones(3)}, run / "same.pth")
+        torch.save({"x": torch.full((3,), value)}, run / "zipped.pth")
+        torch.save(
+            {"x": torch.full((3,), value)}, run / "legacy.pth", _use_new_zipfile_serialization=False
+        )
+    async with open_run(a) as run_a, open_run(b) as run_b:
+        result = await diff_runs(run_a, run_b)
+    status = {c.name: c.status for c in result.comparisons}
+    assert status == {"same": "equal", "zipped": "different", "legacy": "different"}
+    assert sorted(loads) == ["legacy.pth"] * 2 + ["zipped.pth"] * 2
+    assert read_ahead == [["legacy.pth", "same.pth", "zipped.pth"]]  # every local pair
+
+
+async def test_runs_of_other_storages_are_read_and_loaded_from_bytes(
+    loads: list[str],
+) -> None:
+    for url, value in (("memory://m/a", 1.0), ("memory://m/b", 2.0)):
+        async with open_run(url) as run:
+            storage = run.storage
+            buffer = io.BytesIO()
+            torch.save({"x": torch.full((3,), value)}, buffer)
+            storage.put_raw("d.pth", buffer.getvalue())  # type: ignore[attr-defined]
+    async with open_run("memory://m/a") as run_a, open_run("memory://m/b") as run_b:
+        result = await diff_runs(run_a, run_b)
+    assert [c.status for c in result.comparisons] == ["different"]
+    assert loads == []
