@@ -57,6 +57,8 @@ async def test_local_pairs_are_loaded_from_their_files_and_identical_ones_not_at
         await real_run(self)
 
     monkeypatch.setattr(ReadAhead, "run", run)
+    # Read-ahead is for large files (advising opens each file); these are tiny.
+    monkeypatch.setattr(diff_module, "_AHEAD_MIN", 0)
     a, b = tmp_path / "a", tmp_path / "b"
     for run, value in ((a, 1.0), (b, 2.0)):
         run.mkdir()
@@ -71,6 +73,12 @@ async def test_local_pairs_are_loaded_from_their_files_and_identical_ones_not_at
     assert status == {"same": "equal", "zipped": "different", "legacy": "different"}
     assert sorted(loads) == ["legacy.pth"] * 2 + ["zipped.pth"] * 2
     assert read_ahead == [["legacy.pth", "same.pth", "zipped.pth"]]  # every local pair
+    monkeypatch.undo()
+    read_ahead.clear()
+    monkeypatch.setattr(ReadAhead, "run", run)
+    async with open_run(a) as run_a, open_run(b) as run_b:
+        assert (await diff_runs(run_a, run_b)).counts()["different"] == 2
+    assert read_ahead == []  # small files: no advice
 
 
 async def test_runs_of_other_storages_are_read_and_loaded_from_bytes(
@@ -86,3 +94,32 @@ async def test_runs_of_other_storages_are_read_and_loaded_from_bytes(
         result = await diff_runs(run_a, run_b)
     assert [c.status for c in result.comparisons] == ["different"]
     assert loads == []
+
+
+async def test_small_local_pairs_compared_in_batches_keep_their_own_outcomes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(diff_module, "_BATCH_PAIRS", 4)  # 10 pairs: batches of 4, 4 and 2
+    hops: list[int] = []
+    real = diff_module._Comparer._compare_local
+
+    def counted(self: Any, batch: list[Any]) -> Any:
+        hops.append(len(batch))
+        return real(self, batch)
+
+    monkeypatch.setattr(diff_module._Comparer, "_compare_local", counted)
+    a, b = tmp_path / "a", tmp_path / "b"
+    for run in (a, b):
+        run.mkdir()
+        for i in range(10):
+            torch.save({"x": torch.full((3,), float(i))}, run / f"d{i}.pth")
+    torch.save({"x": torch.zeros(3)}, b / "d3.pth")  # one differs
+    (b / "d7.pth").write_bytes(b"not a dump")  # one cannot be loaded
+    progress: list[tuple[int, int]] = []
+    async with open_run(a) as run_a, open_run(b) as run_b:
+        result = await diff_runs(run_a, run_b, on_progress=lambda *p: progress.append(p))
+    status = {c.name: c.status for c in result.comparisons}
+    assert status.pop("d3") == "different" and status.pop("d7") == "error"
+    assert set(status.values()) == {"equal"}
+    assert sorted(hops) == [2, 4, 4]
+    assert progress[-1] == (10, 10)

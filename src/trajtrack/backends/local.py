@@ -43,7 +43,7 @@ from trajtrack.backends._protocol import (
 )
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
-__all__ = ["LocalStorage"]
+__all__ = ["LocalStorage", "resolve_inside"]
 
 _WRITE_BUFFER = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -287,9 +287,13 @@ class LocalStorage:
         return await anyio.to_thread.run_sync(self._read_sync, path, offset, length)
 
     def _read_sync(self, path: str, offset: int, length: int | None) -> bytes:
-        target = self._resolve(path)
-        with _translated(str(target)):
-            self._check_inside(target)  # a link planted in a run never leads a reader out
+        relative = check_relative(path)
+        root = str(self._root)
+        with _translated(os.path.join(root, relative)):
+            if self._real_root is None:
+                self._real_root = os.path.realpath(root)
+            # A link planted in a run never leads a reader out.
+            target = resolve_inside(root, self._real_root, relative)
             fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 if length is None:
@@ -378,3 +382,31 @@ def _translated(where: str) -> Iterator[None]:
         raise
     except OSError as exc:
         raise _translate(exc, where) from exc
+
+
+def resolve_inside(root: str, real_root: str, relative: str) -> str:
+    """The path of *relative* (checked, ``/``-separated) under *root*, never leading out of it.
+
+    *real_root* is ``os.path.realpath(root)``. Without a symbolic link below *root* (one
+    ``lstat`` per component: the common case) that is ``root/relative`` itself; through a link,
+    the resolved path if it stays inside *real_root*.
+
+    Raises:
+        StoragePermissionError: A symbolic link leads outside *root*.
+    """
+    path = root
+    for part in relative.split("/"):
+        path = os.path.join(path, part)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return os.path.join(root, relative)  # nothing there to follow: opening will say so
+        if stat.S_ISLNK(mode):
+            real = os.path.realpath(os.path.join(root, relative))
+            if real != real_root and not real.startswith(real_root + os.sep):
+                raise StoragePermissionError(
+                    f"refusing to use {os.path.join(root, relative)}: it resolves outside "
+                    f"the destination ({real}), through a symbolic link"
+                )
+            return real
+    return path

@@ -161,16 +161,22 @@ async def diff_runs(
     comparer.find_local_files(pairs)
     total = len(pairs)
     progress = (lambda done: on_progress(done, total)) if on_progress else None
+    comparer.progress = progress
     async with anyio.create_task_group() as group:
-        if comparer.local and readahead_available:
+        if comparer.local and readahead_available and comparer.reads_ahead:
             group.start_soon(comparer.readahead.run)
-        results = await gather_bounded(pairs, comparer.compare, limit=limit, on_done=progress)
+        batches = await gather_bounded(comparer.batches(pairs), comparer.compare_batch, limit=limit)
         group.cancel_scope.cancel()
+    results = [comparison for batch in batches for comparison in batch]
     results.sort(key=lambda c: (c.order, c.name))
     return RunDiff(run_a.url, run_b.url, comparer.tol, tuple(results))
 
 
 _Pair = tuple[str, DumpInfo | None, DumpInfo | None, float]
+
+_BATCH_PAIRS = 64  # small pairs compared in one thread hop
+_SMALL = 64 << 10  # a pair with a larger dump is compared on its own
+_AHEAD_MIN = 256 << 10  # read ahead only when local pairs hold this much on average
 
 
 def _pairs(listed_a: list[DumpInfo], listed_b: list[DumpInfo]) -> list[_Pair]:
@@ -207,6 +213,9 @@ class _Comparer:
         self.unsafe, self.limit, self.cpu = unsafe, limit, cpu
         self.local: dict[str, tuple[LocalFile, LocalFile]] = {}
         self.readahead = ReadAhead([])
+        self.reads_ahead = False  # worth it for large files only (each advice opens them)
+        self.progress: Callable[[int], None] | None = None
+        self.done = 0
 
     def find_local_files(self, pairs: list[_Pair]) -> None:
         """The pairs of files both on this machine (both present), and their read-ahead."""
@@ -219,6 +228,83 @@ class _Comparer:
                     size = (a.stored_size or 0) + (b.stored_size or 0)
                     sized.append((paths[0].path, paths[1].path, size))
         self.readahead = ReadAhead(sized)  # in the order compare() takes the pairs
+        self.reads_ahead = bool(sized) and sum(size for *_, size in sized) >= _AHEAD_MIN * len(
+            sized
+        )
+
+    def batches(self, pairs: list[_Pair]) -> list[list[_Pair]]:
+        """*pairs* in order, small pairs grouped: local files (compared in one thread hop), or
+        read pairs (read with ``read_many``, then loaded and compared in one hop)."""
+        batches: list[list[_Pair]] = []
+        groups: dict[bool, list[_Pair]] = {True: [], False: []}
+        for pair in pairs:
+            name, a, b, _ = pair
+            if a is None or b is None or not (_readable(a) and _readable(b)):
+                batches.append([pair])
+                continue
+            if max(a.size, b.size, a.stored_size or 0, b.stored_size or 0) > _SMALL:
+                batches.append([pair])
+                continue
+            group = groups[name in self.local]
+            group.append(pair)
+            if len(group) == _BATCH_PAIRS:
+                batches.append(group[:])
+                group.clear()
+        batches += [group for group in groups.values() if group]
+        return batches
+
+    async def compare_batch(self, batch: list[_Pair]) -> list[DumpComparison]:
+        """Compare the pairs of one batch (see :meth:`batches`)."""
+        if len(batch) == 1:
+            results = [await self.compare(batch[0])]
+        elif batch[0][0] in self.local:
+            try:
+                results = await anyio.to_thread.run_sync(
+                    self._compare_local, batch, limiter=self.cpu
+                )
+            finally:
+                for _ in batch:
+                    self.readahead.finished()
+        else:
+            data_a = await self.run_a.read_many([a for _, a, _, _ in batch])  # type: ignore[misc]
+            data_b = await self.run_b.read_many([b for _, _, b, _ in batch])  # type: ignore[misc]
+            results = await anyio.to_thread.run_sync(
+                self._compare_read, batch, data_a, data_b, limiter=self.cpu
+            )
+        self.done += len(batch)
+        if self.progress is not None:
+            self.progress(self.done)
+        return results
+
+    def _compare_local(self, batch: list[_Pair]) -> list[DumpComparison]:
+        def one(name: str) -> list[Difference]:
+            file_a, file_b = self.local[name]
+            return _compare_files(file_a, file_b, name, self.tol, self.unsafe, self.limit)
+
+        return [self._outcome(pair, one) for pair in batch]
+
+    def _compare_read(
+        self, batch: list[_Pair], data_a: list[bytes | Exception], data_b: list[bytes | Exception]
+    ) -> list[DumpComparison]:
+        read = {pair[0]: (x, y) for pair, x, y in zip(batch, data_a, data_b, strict=True)}
+
+        def one(name: str) -> list[Difference]:
+            x, y = read[name]
+            for data in (x, y):
+                if isinstance(data, Exception):
+                    raise data
+            return _load_and_compare(x, y, name, self.tol, self.unsafe, self.limit)  # type: ignore[arg-type]
+
+        return [self._outcome(pair, one) for pair in batch]
+
+    def _outcome(self, pair: _Pair, compare: Callable[[str], list[Difference]]) -> DumpComparison:
+        name, a, b, rank = pair
+        try:
+            found = compare(name)
+        except (TrajtrackError, OSError) as exc:
+            return DumpComparison(name, "error", a, b, error=_message(exc), order=rank)
+        status: Status = "different" if found else "equal"
+        return DumpComparison(name, status, a, b, tuple(found), order=rank)
 
     async def compare(self, pair: _Pair) -> DumpComparison:
         name, a, b, rank = pair

@@ -10,6 +10,7 @@ a 2-core VM, and a map dies with ``SIGBUS`` when its file is truncated.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import threading
@@ -18,7 +19,8 @@ from typing import NamedTuple
 import numpy as np
 
 from trajtrack._exceptions import StoragePermissionError
-from trajtrack.backends import Storage
+from trajtrack.backends import Storage, check_relative
+from trajtrack.backends.local import resolve_inside
 from trajtrack.reader._dumps import DumpInfo
 
 __all__ = ["LocalFile", "inside_run", "local_file", "same_contents"]
@@ -28,10 +30,14 @@ _buffers = threading.local()
 
 
 class LocalFile(NamedTuple):
-    """A dump's own local file, and the root of its run (which it must stay inside)."""
+    """A dump's own local file: its run's root, and its path there (checked, ``/``-separated)."""
 
-    path: str
     root: str
+    relative: str
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.root, self.relative)
 
 
 def local_file(storage: Storage, info: DumpInfo) -> LocalFile | None:
@@ -42,14 +48,19 @@ def local_file(storage: Storage, info: DumpInfo) -> LocalFile | None:
     if info.shard is not None:
         return None
     local_path = getattr(storage, "local_path", None)  # absent from older third-party storages
-    if local_path is None:
+    root = None if local_path is None else local_path("")
+    if root is None:
         return None
-    path, root = local_path(info.path), local_path("")
-    return None if path is None or root is None else LocalFile(path, root)
+    return LocalFile(root, check_relative(info.path))
+
+
+@functools.lru_cache(maxsize=64)
+def _real_root(root: str) -> str:
+    return os.path.realpath(root)
 
 
 def inside_run(file: LocalFile, where: str) -> str:
-    """The file's path resolved, if it stays inside its run (blocking: ``realpath``).
+    """The file's path, checked not to lead out of its run (blocking: an ``lstat`` per level).
 
     A symbolic link planted in a run never leads a reader out of it, as with
     :meth:`~trajtrack.backends.local.LocalStorage.read`.
@@ -57,13 +68,10 @@ def inside_run(file: LocalFile, where: str) -> str:
     Raises:
         StoragePermissionError: It resolves outside the run.
     """
-    real_root, real = os.path.realpath(file.root), os.path.realpath(file.path)
-    if real != real_root and not real.startswith(real_root + os.sep):
-        raise StoragePermissionError(
-            f"{where}: refusing to read {file.path}: it resolves outside the run ({real}), "
-            "through a symbolic link"
-        )
-    return real
+    try:
+        return resolve_inside(file.root, _real_root(file.root), file.relative)
+    except StoragePermissionError as exc:
+        raise StoragePermissionError(f"{where}: {exc} (outside the run)") from exc
 
 
 def same_contents(path_a: str, path_b: str) -> bool:
