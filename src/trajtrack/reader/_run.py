@@ -260,27 +260,36 @@ def _load_sync(data: bytes, unsafe: bool, where: str) -> Any:
 def _read_local(root: str, infos: Sequence[DumpInfo]) -> builtins.list[bytes | Exception]:
     """:meth:`Run.read_many` on a local storage whose root is *root* (blocking)."""
     out: builtins.list[bytes | Exception] = []
-    for info in infos:
-        try:
-            if info.problem is not None:
-                raise StoragePermissionError(f"refusing to read {info.name!r}: {info.problem}")
-            out.append(_read_one_local(root, info))
-        except (StorageError, DumpLoadError) as exc:  # refused (a link out), a short shard
-            out.append(exc)
-        except FileNotFoundError:
-            where = info.shard or info.path
-            out.append(StorageNotFoundError(f"{info.name}: {where}: no such file"))
-        except OSError as exc:
-            out.append(StorageError(f"{info.name}: cannot read it: {exc.strerror or exc}"))
+    shards: dict[str, int] = {}  # each shard of the batch opened once
+    try:
+        for info in infos:
+            try:
+                if info.problem is not None:
+                    raise StoragePermissionError(f"refusing to read {info.name!r}: {info.problem}")
+                out.append(_read_one_local(root, info, shards))
+            except (StorageError, DumpLoadError) as exc:  # refused (a link out), short shard
+                out.append(exc)
+            except FileNotFoundError:
+                where = info.shard or info.path
+                out.append(StorageNotFoundError(f"{info.name}: {where}: no such file"))
+            except OSError as exc:
+                out.append(StorageError(f"{info.name}: cannot read it: {exc.strerror or exc}"))
+    finally:
+        for fd in shards.values():
+            os.close(fd)
     return out
 
 
-def _read_one_local(root: str, info: DumpInfo) -> bytes:
-    file = LocalFile(root, check_relative(info.shard or info.path))
-    with open(inside_run(file, info.name), "rb", buffering=0) as handle:
-        if info.shard is None:
+def _read_one_local(root: str, info: DumpInfo, shards: dict[str, int]) -> bytes:
+    if info.shard is None:
+        file = LocalFile(root, check_relative(info.path))
+        with open(inside_run(file, info.name), "rb", buffering=0) as handle:
             return handle.readall()
-        data = os.pread(handle.fileno(), info.size, info.offset or 0)
+    fd = shards.get(info.shard)
+    if fd is None:
+        shard = LocalFile(root, check_relative(info.shard))
+        fd = shards[info.shard] = os.open(inside_run(shard, info.name), os.O_RDONLY | os.O_CLOEXEC)
+    data = os.pread(fd, info.size, info.offset or 0)
     if len(data) != info.size:
         raise DumpLoadError(
             f"{info.name}: its shard {info.shard} holds {len(data)} of its "

@@ -143,8 +143,12 @@ def _copy_tensor(tensor: torch.Tensor, state: _CopyState) -> torch.Tensor:
     return copy
 
 
-SMALL_COPY_MAX_BYTES: Final = 256 << 10
-"""CPU tensors up to this size are copied without releasing the GIL (see :func:`_small_copy`)."""
+SMALL_COPY_MAX_BYTES: Final = 4 << 20
+"""CPU tensors up to this size are copied without releasing the GIL (see :func:`_small_copy`).
+
+As large as the default ``inline_snapshot_bytes``: with four upload workers busy on two
+cores, ``clone`` of a 1 MB tensor cost the caller more (waiting for the GIL back) than the
+copy holding it; 1 MB dumps went from 0.6-0.8x to 0.8-1.0x the inline loop's rate."""
 
 
 def _small_copy(source: torch.Tensor) -> torch.Tensor | None:

@@ -1,0 +1,57 @@
+"""``Run.read_many``: several dumps' bytes at once, each read's error in its own slot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio.to_thread
+import pytest
+import torch
+
+from trajtrack import StorageNotFoundError, StoragePermissionError, Tracker
+from trajtrack.backends.memory import MemoryStorage
+from trajtrack.reader import open_run
+
+
+async def _write(root: Path | str, layout: str, **options: object) -> None:
+    async with Tracker(root, layout=layout, **options) as tracker:  # type: ignore[arg-type]
+        for i in range(6):
+            await tracker.dump({"x": torch.full((50,), float(i))}, f"d{i}")
+
+
+@pytest.mark.parametrize("layout", ["files", "shards"])
+async def test_the_bytes_of_each_dump_as_read_bytes_gives_them(tmp_path: Path, layout: str) -> None:
+    await _write(tmp_path, layout)
+    async with open_run(tmp_path) as run:
+        infos = await run.list()
+        assert [await run.read_bytes(i) for i in infos] == await run.read_many(infos)
+        if layout == "shards":
+            assert {i.shard for i in infos} != {None}
+
+
+async def test_a_failed_read_is_reported_in_its_slot_only(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    await _write(root, "files")
+    (tmp_path / "elsewhere.pth").write_bytes(b"secret")
+    async with open_run(root) as run:
+        infos = await run.list()
+
+        def break_two() -> None:
+            os.unlink(root / "d1.pth")
+            os.unlink(root / "d4.pth")
+            os.symlink(tmp_path / "elsewhere.pth", root / "d4.pth")  # a link out, planted late
+
+        await anyio.to_thread.run_sync(break_two)
+        got = await run.read_many(infos)
+    assert isinstance(got[1], StorageNotFoundError)
+    assert isinstance(got[4], StoragePermissionError)
+    assert all(isinstance(data, bytes) and data for i, data in enumerate(got) if i not in (1, 4))
+
+
+async def test_other_storages_read_one_by_one_with_the_same_outcomes() -> None:
+    storage = MemoryStorage("memory://many/run")
+    await _write("memory://many/run", "shards", storage=storage)
+    async with open_run("memory://many/run", storage=storage) as run:
+        infos = await run.list()
+        assert [await run.read_bytes(i) for i in infos] == await run.read_many(infos)
