@@ -57,8 +57,10 @@ async def test_local_pairs_are_loaded_from_their_files_and_identical_ones_not_at
         await real_run(self)
 
     monkeypatch.setattr(ReadAhead, "run", run)
-    # Read-ahead is for large files (advising opens each file); these are tiny.
+    # In place and read ahead: large files only (small ones are read, then loaded from the
+    # bytes; advising opens each file). These are tiny: count them as large.
     monkeypatch.setattr(diff_module, "_AHEAD_MIN", 0)
+    monkeypatch.setattr(diff_module, "_SMALL", 0)
     a, b = tmp_path / "a", tmp_path / "b"
     for run, value in ((a, 1.0), (b, 2.0)):
         run.mkdir()
@@ -101,13 +103,13 @@ async def test_small_local_pairs_compared_in_batches_keep_their_own_outcomes(
 ) -> None:
     monkeypatch.setattr(diff_module, "_BATCH_PAIRS", 4)  # 10 pairs: batches of 4, 4 and 2
     hops: list[int] = []
-    real = diff_module._Comparer._compare_local
+    real = diff_module._Comparer._compare_read
 
-    def counted(self: Any, batch: list[Any]) -> Any:
+    def counted(self: Any, batch: list[Any], *data: Any) -> Any:
         hops.append(len(batch))
-        return real(self, batch)
+        return real(self, batch, *data)
 
-    monkeypatch.setattr(diff_module._Comparer, "_compare_local", counted)
+    monkeypatch.setattr(diff_module._Comparer, "_compare_read", counted)
     a, b = tmp_path / "a", tmp_path / "b"
     for run in (a, b):
         run.mkdir()

@@ -216,6 +216,10 @@ class _Comparer:
         self.reads_ahead = False  # worth it for large files only (each advice opens them)
         self.progress: Callable[[int], None] | None = None
         self.done = 0
+        # Small dumps: one loading thread. torch.load of a 4 KB dump releases and retakes the
+        # GIL many times; two such threads queue for it (measured: 3,072 pairs, 7.4 s with
+        # two threads, 6.2 s with one).
+        self.small_cpu = anyio.CapacityLimiter(1)
 
     def find_local_files(self, pairs: list[_Pair]) -> None:
         """The pairs of files both on this machine (both present), and their read-ahead."""
@@ -233,55 +237,41 @@ class _Comparer:
         )
 
     def batches(self, pairs: list[_Pair]) -> list[list[_Pair]]:
-        """*pairs* in order, small pairs grouped: local files (compared in one thread hop), or
-        read pairs (read with ``read_many``, then loaded and compared in one hop)."""
+        """*pairs* in order, small pairs in groups: read with ``read_many`` (a local storage:
+        one thread hop), then loaded and compared in one hop. For small files, loading from
+        the bytes is faster than torch opening each file (measured: 4 KB dumps, 30% faster)."""
         batches: list[list[_Pair]] = []
-        groups: dict[bool, list[_Pair]] = {True: [], False: []}
+        group: list[_Pair] = []
         for pair in pairs:
-            name, a, b, _ = pair
-            if a is None or b is None or not (_readable(a) and _readable(b)):
+            _, a, b, _ = pair
+            if a is None or b is None or not _small_pair(a, b):
                 batches.append([pair])
-                continue
-            if max(a.size, b.size, a.stored_size or 0, b.stored_size or 0) > _SMALL:
-                batches.append([pair])
-                continue
-            group = groups[name in self.local]
-            group.append(pair)
-            if len(group) == _BATCH_PAIRS:
-                batches.append(group[:])
-                group.clear()
-        batches += [group for group in groups.values() if group]
+            else:
+                group.append(pair)
+                if len(group) == _BATCH_PAIRS:
+                    batches.append(group)
+                    group = []
+        if group:
+            batches.append(group)
         return batches
 
     async def compare_batch(self, batch: list[_Pair]) -> list[DumpComparison]:
         """Compare the pairs of one batch (see :meth:`batches`)."""
         if len(batch) == 1:
             results = [await self.compare(batch[0])]
-        elif batch[0][0] in self.local:
-            try:
-                results = await anyio.to_thread.run_sync(
-                    self._compare_local, batch, limiter=self.cpu
-                )
-            finally:
-                for _ in batch:
-                    self.readahead.finished()
         else:
             data_a = await self.run_a.read_many([a for _, a, _, _ in batch])  # type: ignore[misc]
             data_b = await self.run_b.read_many([b for _, _, b, _ in batch])  # type: ignore[misc]
             results = await anyio.to_thread.run_sync(
-                self._compare_read, batch, data_a, data_b, limiter=self.cpu
+                self._compare_read, batch, data_a, data_b, limiter=self.small_cpu
             )
+            for pair in batch:
+                if pair[0] in self.local:
+                    self.readahead.finished()
         self.done += len(batch)
         if self.progress is not None:
             self.progress(self.done)
         return results
-
-    def _compare_local(self, batch: list[_Pair]) -> list[DumpComparison]:
-        def one(name: str) -> list[Difference]:
-            file_a, file_b = self.local[name]
-            return _compare_files(file_a, file_b, name, self.tol, self.unsafe, self.limit)
-
-        return [self._outcome(pair, one) for pair in batch]
 
     def _compare_read(
         self, batch: list[_Pair], data_a: list[bytes | Exception], data_b: list[bytes | Exception]
@@ -354,6 +344,11 @@ async def _list_both(
         if isinstance(failure, Exception):
             raise failure
     return listed[0], listed[1]  # type: ignore[return-value]  # no exceptions left
+
+
+def _small_pair(a: DumpInfo, b: DumpInfo) -> bool:
+    readable = _readable(a) and _readable(b)
+    return readable and max(a.size, b.size, a.stored_size or 0, b.stored_size or 0) <= _SMALL
 
 
 def _readable(info: DumpInfo) -> bool:
