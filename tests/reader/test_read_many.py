@@ -55,3 +55,12 @@ async def test_other_storages_read_one_by_one_with_the_same_outcomes() -> None:
     async with open_run("memory://many/run", storage=storage) as run:
         infos = await run.list()
         assert [await run.read_bytes(i) for i in infos] == await run.read_many(infos)
+
+
+def test_group_small_keeps_the_order_and_puts_each_large_item_alone() -> None:
+    from trajtrack.reader import group_small
+
+    items = [1, 2, 30, 4, 5, 6, 70, 8]
+    assert group_small(items, lambda x: x < 10, 2) == [[1, 2], [30], [4, 5], [70], [6, 8]]
+    assert group_small([], lambda x: True, 3) == []
+    assert sum(group_small(list(range(10)), lambda x: True, 4), []) == list(range(10))

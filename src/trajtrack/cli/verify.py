@@ -20,7 +20,7 @@ from trajtrack.cli._common import (
     table,
     write_json,
 )
-from trajtrack.reader import DumpInfo, Run, gather_bounded, open_run
+from trajtrack.reader import DumpInfo, Run, gather_bounded, group_small, open_run
 
 __all__ = ["Finding", "add_parser", "run", "verify_run"]
 
@@ -101,7 +101,11 @@ async def verify_run(
         return found
 
     done = [0]
-    batches = await gather_bounded(_batches(to_read), check, limit=source.concurrency)
+    batches = await gather_bounded(
+        group_small(to_read, lambda info: info.size <= _CHECKSUM_ON_LOOP_MAX, _BATCH),
+        check,
+        limit=source.concurrency,
+    )
     read = [finding for batch in batches for finding in batch]
     by_path = {f.path: f for f in read}
     findings = []
@@ -123,23 +127,6 @@ async def verify_run(
         else:
             findings.append(_size_finding(info, info.stored_size or 0))
     return findings
-
-
-def _batches(dumps: list[DumpInfo]) -> list[list[DumpInfo]]:
-    """Small dumps in groups of up to 64 (read in one hop), larger ones alone."""
-    batches: list[list[DumpInfo]] = []
-    small: list[DumpInfo] = []
-    for info in dumps:
-        if info.size > _CHECKSUM_ON_LOOP_MAX:
-            batches.append([info])
-            continue
-        small.append(info)
-        if len(small) == _BATCH:
-            batches.append(small)
-            small = []
-    if small:
-        batches.append(small)
-    return batches
 
 
 async def _check_bytes(info: DumpInfo, data: bytes) -> Finding:

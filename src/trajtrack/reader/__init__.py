@@ -32,7 +32,7 @@ from trajtrack.reader._diff import DumpComparison, RunDiff, diff_runs
 from trajtrack.reader._dump_report import render_dump_report
 from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order, matches
 from trajtrack.reader._export import ExportResult, export_run
-from trajtrack.reader._gather import gather_bounded
+from trajtrack.reader._gather import gather_bounded, group_small
 from trajtrack.reader._html import write_atomically
 from trajtrack.reader._plots import require_matplotlib
 from trajtrack.reader._report import (
@@ -68,6 +68,7 @@ __all__ = [
     "dump_order",
     "export_run",
     "gather_bounded",
+    "group_small",
     "load_divergent_tensor",
     "load_dump_bytes",
     "load_dump_file",

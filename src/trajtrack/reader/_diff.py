@@ -28,7 +28,7 @@ from trajtrack._exceptions import DumpLoadError, TrajtrackError, UnsafeLoadError
 from trajtrack.reader._compare import Difference, Tolerance, compare
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._files import LocalFile, inside_run, local_file, same_contents
-from trajtrack.reader._gather import gather_bounded
+from trajtrack.reader._gather import gather_bounded, group_small
 from trajtrack.reader._readahead import AVAILABLE as readahead_available, ReadAhead
 from trajtrack.reader._run import Run
 from trajtrack.reader._safe_load import check_loadable, load_dump_bytes, load_dump_file
@@ -240,20 +240,12 @@ class _Comparer:
         """*pairs* in order, small pairs in groups: read with ``read_many`` (a local storage:
         one thread hop), then loaded and compared in one hop. For small files, loading from
         the bytes is faster than torch opening each file (measured: 4 KB dumps, 30% faster)."""
-        batches: list[list[_Pair]] = []
-        group: list[_Pair] = []
-        for pair in pairs:
+
+        def small(pair: _Pair) -> bool:
             _, a, b, _ = pair
-            if a is None or b is None or not _small_pair(a, b):
-                batches.append([pair])
-            else:
-                group.append(pair)
-                if len(group) == _BATCH_PAIRS:
-                    batches.append(group)
-                    group = []
-        if group:
-            batches.append(group)
-        return batches
+            return a is not None and b is not None and _small_pair(a, b)
+
+        return group_small(pairs, small, _BATCH_PAIRS)
 
     async def compare_batch(self, batch: list[_Pair]) -> list[DumpComparison]:
         """Compare the pairs of one batch (see :meth:`batches`)."""

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-__all__ = ["gather_bounded"]
+__all__ = ["gather_bounded", "group_small"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -43,3 +43,24 @@ async def gather_bounded(
             # the caller already holds in memory, while the reads themselves are bounded.
             group.start_soon(one, index, item)
     return results
+
+
+def group_small(items: Sequence[T], small: Callable[[T], bool], size: int) -> list[list[T]]:
+    """*items* as groups, each item once: the small ones *size* at a time (in their order),
+    each other one alone (where it comes, ahead of a small group still filling).
+
+    For per-item work cheaper than a worker-thread hop: one hop per group.
+    """
+    groups: list[list[T]] = []
+    group: list[T] = []
+    for item in items:
+        if not small(item):
+            groups.append([item])
+            continue
+        group.append(item)
+        if len(group) == size:
+            groups.append(group)
+            group = []
+    if group:
+        groups.append(group)
+    return groups
