@@ -63,4 +63,5 @@ def test_group_small_keeps_the_order_and_puts_each_large_item_alone() -> None:
     items = [1, 2, 30, 4, 5, 6, 70, 8]
     assert group_small(items, lambda x: x < 10, 2) == [[1, 2], [30], [4, 5], [70], [6, 8]]
     assert group_small([], lambda x: True, 3) == []
-    assert sum(group_small(list(range(10)), lambda x: True, 4), []) == list(range(10))
+    groups = group_small(list(range(10)), lambda x: True, 4)
+    assert [x for group in groups for x in group] == list(range(10))
