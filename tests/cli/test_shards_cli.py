@@ -200,3 +200,20 @@ def test_tar_tools_read_a_shard_as_it_is(sharded: Path) -> None:
                 data = archive.extractfile(member).read()  # type: ignore[union-attr]
                 obj = torch.load(__import__("io").BytesIO(data), weights_only=True)
                 assert json.dumps(obj["i"])  # every member loads
+
+
+def test_diff_html_report_of_a_sharded_run_against_a_files_run(
+    sharded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib", reason="the report extra: pip install 'trajtrack[report]'")
+    changed = dict(DUMPS)
+    changed["step2/sample1"] = {"i": 11, "x": torch.arange(50) * 11.0 + 0.5}
+    other = tmp_path / "other-files"
+    write(other, "files", changed)
+    report = tmp_path / "report.html"
+    code, _, err = run_cli(capsys, "diff", str(sharded), str(other), "--html", str(report))
+    assert code == 1, err
+    page = report.read_text()
+    assert 'id="first-divergence">step2/sample1</strong>' in page
+    # The first divergent tensor was read again from its shard for the histogram.
+    assert "step2/sample1 [&#x27;x&#x27;]: float32 [50], a - b of 50 elements" in page
