@@ -138,3 +138,29 @@ def test_archive_benchmark_quick_smoke_run(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "results" / "archive-quick.json").read_text())
     assert set(result["payloads"]) == {"int+1000 floats", "1MB"}
     assert result["payloads"]["1MB"]["raw"]["dumps_per_s"] > 0
+
+
+def test_small_reads_benchmark_smoke_run(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_small_reads.py"),
+            "--dumps",
+            "60",
+            "--repeat",
+            "1",
+            "--data",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "TRAJTRACK_BENCH_RESULTS": str(tmp_path / "results")},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "results" / "small_reads.json").read_text())
+    for layout in ("files", "shards"):
+        counts = result[layout]["counts"]
+        assert counts["identical"]["equal"] == 60 and counts["different"]["different"] == 60
+        assert counts["verify"] == {"ok": 60}
