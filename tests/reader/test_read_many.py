@@ -43,10 +43,10 @@ async def test_a_failed_read_is_reported_in_its_slot_only(tmp_path: Path) -> Non
             os.symlink(tmp_path / "elsewhere.pth", root / "d4.pth")  # a link out, planted late
 
         await anyio.to_thread.run_sync(break_two)
-        got = await run.read_many(infos)
-    assert isinstance(got[1], StorageNotFoundError)
-    assert isinstance(got[4], StoragePermissionError)
-    assert all(isinstance(data, bytes) and data for i, data in enumerate(got) if i not in (1, 4))
+        got = dict(zip((info.name for info in infos), await run.read_many(infos), strict=True))
+    assert isinstance(got.pop("d1"), StorageNotFoundError)
+    assert isinstance(got.pop("d4"), StoragePermissionError)
+    assert len(got) == 4 and all(isinstance(data, bytes) and data for data in got.values())
 
 
 async def test_other_storages_read_one_by_one_with_the_same_outcomes() -> None:
