@@ -157,11 +157,12 @@ async def diff_runs(
     # Loading and comparing is CPU work: more threads than cores only contend for the GIL,
     # the caches and the cores the reads need (measured: not faster, often slower).
     cpu = anyio.CapacityLimiter(min(limit, os.cpu_count() or 1))
-    comparer = _Comparer(run_a, run_b, tolerance or Tolerance(), unsafe, limit_per_dump, cpu)
-    comparer.find_local_files(pairs)
     total = len(pairs)
     progress = (lambda done: on_progress(done, total)) if on_progress else None
-    comparer.progress = progress
+    comparer = _Comparer(
+        run_a, run_b, tolerance or Tolerance(), unsafe, limit_per_dump, cpu, progress
+    )
+    comparer.find_local_files(pairs)
     async with anyio.create_task_group() as group:
         if comparer.local and readahead_available and comparer.reads_ahead:
             group.start_soon(comparer.readahead.run)
@@ -208,13 +209,14 @@ class _Comparer:
         unsafe: bool,
         limit: int,
         cpu: anyio.CapacityLimiter,
+        progress: Callable[[int], None] | None,
     ) -> None:
         self.run_a, self.run_b, self.tol = run_a, run_b, tol
         self.unsafe, self.limit, self.cpu = unsafe, limit, cpu
         self.local: dict[str, tuple[LocalFile, LocalFile]] = {}
         self.readahead = ReadAhead([])
         self.reads_ahead = False  # worth it for large files only (each advice opens them)
-        self.progress: Callable[[int], None] | None = None
+        self.progress = progress
         self.done = 0
         # Small dumps: one loading thread. torch.load of a 4 KB dump releases and retakes the
         # GIL many times; two such threads queue for it (measured: 3,072 pairs, 7.4 s with
@@ -222,10 +224,13 @@ class _Comparer:
         self.small_cpu = anyio.CapacityLimiter(1)
 
     def find_local_files(self, pairs: list[_Pair]) -> None:
-        """The pairs of files both on this machine (both present), and their read-ahead."""
+        """The large pairs of files both on this machine (both present: compared in place),
+        and their read-ahead. Small pairs are read in batches (:meth:`batches`)."""
         sized = []
         for name, a, b, _ in pairs:
-            if a is not None and b is not None and _readable(a) and _readable(b):
+            if a is None or b is None or _small_pair(a, b):
+                continue
+            if _readable(a) and _readable(b):
                 paths = _local_paths(self.run_a, self.run_b, a, b)
                 if paths is not None:
                     self.local[name] = paths
@@ -257,9 +262,6 @@ class _Comparer:
             results = await anyio.to_thread.run_sync(
                 self._compare_read, batch, data_a, data_b, limiter=self.small_cpu
             )
-            for pair in batch:
-                if pair[0] in self.local:
-                    self.readahead.finished()
         self.done += len(batch)
         if self.progress is not None:
             self.progress(self.done)
@@ -268,25 +270,21 @@ class _Comparer:
     def _compare_read(
         self, batch: list[_Pair], data_a: list[bytes | Exception], data_b: list[bytes | Exception]
     ) -> list[DumpComparison]:
-        read = {pair[0]: (x, y) for pair, x, y in zip(batch, data_a, data_b, strict=True)}
-
-        def one(name: str) -> list[Difference]:
-            x, y = read[name]
+        def one(x: bytes | Exception, y: bytes | Exception, name: str) -> list[Difference]:
             for data in (x, y):
                 if isinstance(data, Exception):
                     raise data
             return _load_and_compare(x, y, name, self.tol, self.unsafe, self.limit)  # type: ignore[arg-type]
 
-        return [self._outcome(pair, one) for pair in batch]
-
-    def _outcome(self, pair: _Pair, compare: Callable[[str], list[Difference]]) -> DumpComparison:
-        name, a, b, rank = pair
-        try:
-            found = compare(name)
-        except (TrajtrackError, OSError) as exc:
-            return DumpComparison(name, "error", a, b, error=_message(exc), order=rank)
-        status: Status = "different" if found else "equal"
-        return DumpComparison(name, status, a, b, tuple(found), order=rank)
+        results = []
+        for pair, x, y in zip(batch, data_a, data_b, strict=True):
+            try:
+                found = one(x, y, pair[0])
+            except (TrajtrackError, OSError) as exc:
+                results.append(_failed(pair, exc))
+            else:
+                results.append(_compared(pair, found))
+        return results
 
     async def compare(self, pair: _Pair) -> DumpComparison:
         name, a, b, rank = pair
@@ -311,9 +309,8 @@ class _Comparer:
                     _load_and_compare, data_a, data_b, name, tol, unsafe, limit, limiter=self.cpu
                 )
         except (TrajtrackError, OSError) as exc:
-            return DumpComparison(name, "error", a, b, error=_message(exc), order=rank)
-        status = "different" if found else "equal"
-        return DumpComparison(name, status, a, b, tuple(found), order=rank)
+            return _failed(pair, exc)
+        return _compared(pair, found)
 
 
 async def _list_both(
@@ -336,6 +333,17 @@ async def _list_both(
         if isinstance(failure, Exception):
             raise failure
     return listed[0], listed[1]  # type: ignore[return-value]  # no exceptions left
+
+
+def _failed(pair: _Pair, exc: BaseException) -> DumpComparison:
+    name, a, b, rank = pair
+    return DumpComparison(name, "error", a, b, error=_message(exc), order=rank)
+
+
+def _compared(pair: _Pair, found: list[Difference]) -> DumpComparison:
+    name, a, b, rank = pair
+    status: Status = "different" if found else "equal"
+    return DumpComparison(name, status, a, b, tuple(found), order=rank)
 
 
 def _small_pair(a: DumpInfo, b: DumpInfo) -> bool:
