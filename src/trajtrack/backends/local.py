@@ -43,7 +43,7 @@ from trajtrack.backends._protocol import (
 )
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
-__all__ = ["LocalStorage", "resolve_inside"]
+__all__ = ["LocalStorage", "resolve_inside", "translated"]
 
 _WRITE_BUFFER = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -117,7 +117,7 @@ class LocalStorage:
     def _prepare_sync(self) -> None:
         if self._root.exists() and not self._root.is_dir():
             raise ConfigurationError(f"destination {self._root} exists and is not a directory")
-        with _translated(str(self._root)):
+        with translated(str(self._root)):
             self._root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
             os.close(self._open_dir([RECORDS_DIR, "spool"], mode=0o700))
             if not os.access(self._root, os.W_OK | os.X_OK):
@@ -211,7 +211,7 @@ class LocalStorage:
     ) -> WriteResult:
         *parents, name = check_relative(path).split("/")
         temp = temp_path_for(name, self._who)
-        with _translated(f"{self._root}/{path}"):
+        with translated(f"{self._root}/{path}"):
             key = tuple(parents)
             directory = None if directories is None else directories.get(key)
             if directory is None:
@@ -289,7 +289,7 @@ class LocalStorage:
     def _read_sync(self, path: str, offset: int, length: int | None) -> bytes:
         relative = check_relative(path)
         root = str(self._root)
-        with _translated(os.path.join(root, relative)):
+        with translated(os.path.join(root, relative)):
             if self._real_root is None:
                 self._real_root = os.path.realpath(root)
             # A link planted in a run never leads a reader out.
@@ -309,7 +309,7 @@ class LocalStorage:
     def _list_sync(self, prefix: str) -> builtins.list[FileInfo]:
         top = self._resolve(prefix.strip("/")) if prefix.strip("/") else self._root
         found: list[FileInfo] = []
-        with _translated(str(top)):
+        with translated(str(top)):
             for directory, _dirs, files in os.walk(top, followlinks=False):
                 rel_dir = os.path.relpath(directory, self._root)
                 for name in files:
@@ -347,7 +347,7 @@ class LocalStorage:
         await anyio.to_thread.run_sync(self._delete_sync, path)
 
     def _delete_sync(self, path: str) -> None:
-        with contextlib.suppress(FileNotFoundError), _translated(path):
+        with contextlib.suppress(FileNotFoundError), translated(path):
             os.unlink(self._resolve(path))
 
     async def aclose(self) -> None:
@@ -375,7 +375,8 @@ def _translate(exc: OSError, where: str) -> StorageError:
 
 
 @contextlib.contextmanager
-def _translated(where: str) -> Iterator[None]:
+def translated(where: str) -> Iterator[None]:
+    """Any ``OSError`` raised inside as the matching :class:`StorageError` naming *where*."""
     try:
         yield
     except StorageError:

@@ -29,6 +29,7 @@ from trajtrack._exceptions import (
     StoragePermissionError,
 )
 from trajtrack.backends import Storage, check_relative, open_storage
+from trajtrack.backends.local import translated
 from trajtrack.reader._dumps import DumpInfo, RunListing, matches
 from trajtrack.reader._files import LocalFile, inside_run, local_file
 from trajtrack.reader._listing import scan_run
@@ -160,17 +161,13 @@ class Run:
             DumpLoadError: Its shard holds fewer bytes than the record says.
         """
         info = name if isinstance(name, DumpInfo) else await self.info(name)
-        self._check_readable(info)
+        _check_readable(self._url, info)
         storage = await self._opened()
         if info.shard is None:
             return await storage.read(info.path)
-        data = await storage.read_range(info.shard, info.offset or 0, info.size)
-        if len(data) != info.size:
-            raise DumpLoadError(
-                f"{info.name}: its shard {info.shard} holds {len(data)} of its "
-                f"{info.size} bytes (truncated)"
-            )
-        return data
+        return _whole_member(
+            info, await storage.read_range(info.shard, info.offset or 0, info.size)
+        )
 
     async def read_many(self, infos: Sequence[DumpInfo]) -> builtins.list[bytes | Exception]:
         """The stored bytes of several dumps, or the error each read raised, in order.
@@ -182,7 +179,7 @@ class Run:
         storage = await self._opened()
         root = getattr(storage, "local_path", lambda _path: None)("")
         if root is not None and len(infos) > 1:
-            return await anyio.to_thread.run_sync(_read_local, root, infos)
+            return await anyio.to_thread.run_sync(_read_local, self._url, root, infos)
         out: builtins.list[bytes | Exception] = []
         for info in infos:
             try:
@@ -190,12 +187,6 @@ class Run:
             except (StorageError, DumpLoadError) as exc:
                 out.append(exc)
         return out
-
-    def _check_readable(self, info: DumpInfo) -> None:
-        if info.problem is not None:
-            raise StoragePermissionError(
-                f"{self._url}: refusing to read {info.name!r}: {info.problem}"
-            )
 
     async def load(self, name: str | DumpInfo, *, unsafe: bool = False) -> Any:
         """Read and deserialize one dump; tensors come back on the CPU.
@@ -211,7 +202,7 @@ class Run:
             StoragePermissionError: The dump's path would leave the run.
         """
         info = name if isinstance(name, DumpInfo) else await self.info(name)
-        self._check_readable(info)
+        _check_readable(self._url, info)
         path = local_file(await self._opened(), info)
         if path is not None:  # torch reads the file itself: no copy of its bytes in between
             return await anyio.to_thread.run_sync(_load_file_sync, path, unsafe, info.name)
@@ -257,23 +248,33 @@ def _load_sync(data: bytes, unsafe: bool, where: str) -> Any:
     return load_dump_bytes(data, unsafe=unsafe, where=where)
 
 
-def _read_local(root: str, infos: Sequence[DumpInfo]) -> builtins.list[bytes | Exception]:
+def _check_readable(url: str, info: DumpInfo) -> None:
+    if info.problem is not None:
+        raise StoragePermissionError(f"{url}: refusing to read {info.name!r}: {info.problem}")
+
+
+def _whole_member(info: DumpInfo, data: bytes) -> bytes:
+    """*data*, the bytes of shard member *info*, if none is missing."""
+    if len(data) != info.size:
+        raise DumpLoadError(
+            f"{info.name}: its shard {info.shard} holds {len(data)} of its "
+            f"{info.size} bytes (truncated)"
+        )
+    return data
+
+
+def _read_local(url: str, root: str, infos: Sequence[DumpInfo]) -> builtins.list[bytes | Exception]:
     """:meth:`Run.read_many` on a local storage whose root is *root* (blocking)."""
     out: builtins.list[bytes | Exception] = []
     shards: dict[str, int] = {}  # each shard of the batch opened once
     try:
         for info in infos:
             try:
-                if info.problem is not None:
-                    raise StoragePermissionError(f"refusing to read {info.name!r}: {info.problem}")
-                out.append(_read_one_local(root, info, shards))
-            except (StorageError, DumpLoadError) as exc:  # refused (a link out), short shard
+                _check_readable(url, info)
+                with translated(f"{info.name}: {info.shard or info.path}"):
+                    out.append(_read_one_local(root, info, shards))
+            except (StorageError, DumpLoadError) as exc:  # refused, missing, short shard
                 out.append(exc)
-            except FileNotFoundError:
-                where = info.shard or info.path
-                out.append(StorageNotFoundError(f"{info.name}: {where}: no such file"))
-            except OSError as exc:
-                out.append(StorageError(f"{info.name}: cannot read it: {exc.strerror or exc}"))
     finally:
         for fd in shards.values():
             os.close(fd)
@@ -289,25 +290,12 @@ def _read_one_local(root: str, info: DumpInfo, shards: dict[str, int]) -> bytes:
     if fd is None:
         shard = LocalFile(root, check_relative(info.shard))
         fd = shards[info.shard] = os.open(inside_run(shard, info.name), os.O_RDONLY | os.O_CLOEXEC)
-    data = os.pread(fd, info.size, info.offset or 0)
-    if len(data) != info.size:
-        raise DumpLoadError(
-            f"{info.name}: its shard {info.shard} holds {len(data)} of its "
-            f"{info.size} bytes (truncated)"
-        )
-    return data
+    return _whole_member(info, os.pread(fd, info.size, info.offset or 0))
 
 
 def _load_file_sync(file: LocalFile, unsafe: bool, where: str) -> Any:
-    path = file.path
-    try:
+    with translated(f"{where}: {file.path}"):
         return load_dump_file(inside_run(file, where), unsafe=unsafe, where=where)
-    except FileNotFoundError as exc:
-        raise StorageNotFoundError(f"{where}: {path}: no such file") from exc
-    except OSError as exc:
-        if isinstance(exc, StorageError):
-            raise
-        raise StorageError(f"{where}: cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def open_run(url: str | os.PathLike[str], **options: Any) -> Run:
