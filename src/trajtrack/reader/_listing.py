@@ -164,19 +164,35 @@ def _shard_problem(record: DumpRecord) -> str | None:
 
 
 def _unrecorded(info: FileInfo, suffix: str) -> DumpInfo:
+    problem = _OUTSIDE if info.outside else None
+    return _unrecorded_dump(info.path, info.size, info.mtime, suffix, problem)
+
+
+def _unrecorded_dump(
+    path: str,
+    size: int,
+    mtime: float | None,
+    suffix: str,
+    problem: str | None,
+    shard: str | None = None,
+    offset: int | None = None,
+) -> DumpInfo:
+    """A dump found in the storage (a file, or a member of a shard) that no record describes."""
     return DumpInfo(
-        name=_name_of(info.path, suffix),
-        path=info.path,
-        size=info.size,
+        name=_name_of(path, suffix),
+        path=path,
+        size=size,
         checksum=None,
         writer="",
         host="",
         pid=None,
         rank=None,
-        time=info.mtime,
+        time=mtime,
         recorded=False,
-        stored_size=info.size,
-        problem=_OUTSIDE if info.outside else None,
+        stored_size=size,
+        shard=shard,
+        offset=offset,
+        problem=problem,
     )
 
 
@@ -197,21 +213,14 @@ async def _index_shard(storage: Storage, shard: FileInfo, suffix: str) -> list[D
     members = await anyio.to_thread.run_sync(scan_members, data)
     logger.info("%s: indexed %d members of unrecorded shard %s", storage.url, len(members), shard)
     return [
-        DumpInfo(
-            name=_name_of(member.name, suffix),
-            path=member.name,
-            size=member.size,
-            checksum=None,
-            writer="",
-            host="",
-            pid=None,
-            rank=None,
-            time=shard.mtime,
-            recorded=False,
-            stored_size=member.size,
+        _unrecorded_dump(
+            member.name,
+            member.size,
+            shard.mtime,
+            suffix,
+            _path_problem(member.name),
             shard=shard.path,
             offset=member.offset,
-            problem=_path_problem(member.name),
         )
         for member in members
     ]
