@@ -22,17 +22,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.__main__ import targets  # noqa: E402
 
 
-def test_core_benchmark_quick_smoke_run(tmp_path: Path) -> None:
+def run_benchmark(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``benchmarks/<script> args`` (results into *tmp_path*/results); it must succeed."""
     done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_core.py"),
-            "--quick",
-            "--only",
-            "latency",
-            "--scratch",
-            str(tmp_path),
-        ],
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -40,6 +33,13 @@ def test_core_benchmark_quick_smoke_run(tmp_path: Path) -> None:
         env={**os.environ, "TRAJTRACK_BENCH_RESULTS": str(tmp_path / "results")},
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_core_benchmark_quick_smoke_run(tmp_path: Path) -> None:
+    done = run_benchmark(
+        tmp_path, "bench_core.py", "--quick", "--only", "latency", "--scratch", str(tmp_path)
+    )
     assert "await Tracker.dump" in done.stdout
     result = json.loads((tmp_path / "results" / "core-quick.json").read_text())
     for size in ("4KB", "1MB", "16MB", "256MB"):
@@ -49,26 +49,18 @@ def test_core_benchmark_quick_smoke_run(tmp_path: Path) -> None:
 
 def test_report_benchmark_quick_smoke_run(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the report extra: pip install 'trajtrack[report]'")
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_report.py"),
-            "--dumps",
-            "20",
-            "--size-mb",
-            "0.01",
-            "--repeat",
-            "1",
-            "--dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**os.environ, "TRAJTRACK_BENCH_RESULTS": str(tmp_path / "results")},
+    done = run_benchmark(
+        tmp_path,
+        "bench_report.py",
+        "--dumps",
+        "20",
+        "--size-mb",
+        "0.01",
+        "--repeat",
+        "1",
+        "--dir",
+        str(tmp_path),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     assert "diff_runs + write_diff_report" in done.stdout
     result = json.loads((tmp_path / "results" / "report.json").read_text())
     assert result["counts"]["different"] == 1 and result["counts"]["only_in_a"] == 2
@@ -100,15 +92,7 @@ def test_targets_are_checked_against_the_figures_of_the_run() -> None:
 
 
 def test_shards_benchmark_quick_smoke_run(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_shards.py"), "--quick", "--no-hdfs"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**os.environ, "TRAJTRACK_BENCH_RESULTS": str(tmp_path / "results")},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_benchmark(tmp_path, "bench_shards.py", "--quick", "--no-hdfs")
     assert "shards vs inline" in done.stdout
     result = json.loads((tmp_path / "results" / "shards-quick.json").read_text())
     assert set(result["local"]["dumps_per_s"]) == {"inline", "torch.save alone", "files", "shards"}
@@ -116,24 +100,16 @@ def test_shards_benchmark_quick_smoke_run(tmp_path: Path) -> None:
 
 
 def test_archive_benchmark_quick_smoke_run(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_archive.py"),
-            "--quick",
-            "--only",
-            "int+1000 floats",
-            "1MB",
-            "--scratch",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**os.environ, "TRAJTRACK_BENCH_RESULTS": str(tmp_path / "results")},
+    done = run_benchmark(
+        tmp_path,
+        "bench_archive.py",
+        "--quick",
+        "--only",
+        "int+1000 floats",
+        "1MB",
+        "--scratch",
+        str(tmp_path),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     assert "write_archive -> BytesIO" in done.stdout
     result = json.loads((tmp_path / "results" / "archive-quick.json").read_text())
     assert set(result["payloads"]) == {"int+1000 floats", "1MB"}
@@ -141,24 +117,16 @@ def test_archive_benchmark_quick_smoke_run(tmp_path: Path) -> None:
 
 
 def test_small_reads_benchmark_smoke_run(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_small_reads.py"),
-            "--dumps",
-            "60",
-            "--repeat",
-            "1",
-            "--data",
-            str(tmp_path / "runs"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**os.environ, "TRAJTRACK_BENCH_RESULTS": str(tmp_path / "results")},
+    run_benchmark(
+        tmp_path,
+        "bench_small_reads.py",
+        "--dumps",
+        "60",
+        "--repeat",
+        "1",
+        "--data",
+        str(tmp_path / "runs"),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "results" / "small_reads.json").read_text())
     for layout in ("files", "shards"):
         counts = result[layout]["counts"]
