@@ -155,6 +155,7 @@ async def test_diff_compares_no_file_out_of_the_run_in_place(
         return real_compare(*args)
 
     monkeypatch.setattr(diff_module, "_compare_files", compare_after_planting)
+    monkeypatch.setattr(diff_module, "_SMALL", 0)  # compared in place (small pairs are read)
     async with open_run(hostile_run) as run_a, open_run(other) as run_b:
         result = await diff_runs(run_a, run_b, names="good")
     (good,) = result.comparisons

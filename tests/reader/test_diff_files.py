@@ -52,11 +52,11 @@ async def test_local_pairs_are_loaded_from_their_files_and_identical_ones_not_at
     read_ahead: list[list[str]] = []
     real_run = ReadAhead.run
 
-    async def run(self: ReadAhead) -> None:
+    async def recorded_run(self: ReadAhead) -> None:
         read_ahead.append(sorted(Path(a).name for a, _, _ in self._pairs))
         await real_run(self)
 
-    monkeypatch.setattr(ReadAhead, "run", run)
+    monkeypatch.setattr(ReadAhead, "run", recorded_run)
     # In place and read ahead: large files only (small ones are read, then loaded from the
     # bytes; advising opens each file). These are tiny: count them as large.
     monkeypatch.setattr(diff_module, "_AHEAD_MIN", 0)
@@ -76,11 +76,17 @@ async def test_local_pairs_are_loaded_from_their_files_and_identical_ones_not_at
     assert sorted(loads) == ["legacy.pth"] * 2 + ["zipped.pth"] * 2
     assert read_ahead == [["legacy.pth", "same.pth", "zipped.pth"]]  # every local pair
     monkeypatch.undo()
-    read_ahead.clear()
-    monkeypatch.setattr(ReadAhead, "run", run)
-    async with open_run(a) as run_a, open_run(b) as run_b:
-        assert (await diff_runs(run_a, run_b)).counts()["different"] == 2
-    assert read_ahead == []  # small files: no advice
+    ahead_min, small = diff_module._AHEAD_MIN, diff_module._SMALL
+    monkeypatch.setattr(ReadAhead, "run", recorded_run)
+    for patched, value in (("_AHEAD_MIN", ahead_min), ("_SMALL", small)):
+        # in place, but far below the read-ahead's average size; or small, read in batches
+        monkeypatch.setattr(diff_module, "_AHEAD_MIN", 0)
+        monkeypatch.setattr(diff_module, "_SMALL", 0)
+        monkeypatch.setattr(diff_module, patched, value)
+        read_ahead.clear()
+        async with open_run(a) as run_a, open_run(b) as run_b:
+            assert (await diff_runs(run_a, run_b)).counts()["different"] == 2
+        assert read_ahead == [], patched  # no advice
 
 
 async def test_runs_of_other_storages_are_read_and_loaded_from_bytes(

@@ -155,6 +155,31 @@ async def test_large_snapshots_stream_from_the_spool_to_other_storages(tmp_path:
     assert list(spool.iterdir()) == []  # the spool file is gone once written
 
 
+async def test_a_spool_file_is_deleted_in_a_thread_before_its_dump_resolves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trajtrack.tracker._payloads import FilePayload
+
+    releases: list[tuple[bool, bool]] = []  # (on the event loop's thread, file still there)
+    real_release = FilePayload.release
+
+    def release(self: FilePayload) -> None:
+        releases.append((threading.current_thread() is threading.main_thread(), bool(self.path)))
+        real_release(self)
+
+    monkeypatch.setattr(FilePayload, "release", release)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    async with Tracker(
+        "memory://spool-release/run",
+        storage=MemoryStorage("memory://spool-release/run"),
+        inline_snapshot_bytes=1 << 20,
+        spool_dir=str(spool),
+    ) as tracker:
+        await (await tracker.dump({"big": torch.ones(600_000)}, "big"))
+    assert releases[0] == (False, True)  # not on the loop (an unlink), and not left to the GC
+
+
 # --------------------------------------------------------------------------- completeness
 
 
