@@ -47,8 +47,7 @@ def local_file(storage: Storage, info: DumpInfo) -> LocalFile | None:
     """
     if info.shard is not None:
         return None
-    local_path = getattr(storage, "local_path", None)  # absent from older third-party storages
-    root = None if local_path is None else local_path("")
+    root = storage.local_path("")  # a capability of the storage protocol
     if root is None:
         return None
     return LocalFile(root, check_relative(info.path))

@@ -177,7 +177,7 @@ class Run:
         are read one after the other, as :meth:`read_bytes`.
         """
         storage = await self._opened()
-        root = getattr(storage, "local_path", lambda _path: None)("")
+        root = storage.local_path("")
         if root is not None and len(infos) > 1:
             return await anyio.to_thread.run_sync(_read_local, self._url, root, infos)
         out: builtins.list[bytes | Exception] = []
