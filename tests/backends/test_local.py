@@ -193,3 +193,29 @@ async def test_fsync_is_honoured(
     directory = str(tmp_path / "dest" / "d")
     assert directory in synced  # the directory entry, after the rename
     assert any(".x.pth.tmp~" in path for path in synced)  # the file's data, before it
+
+
+class _CountsDescriptors:
+    """A payload that notes how many descriptors the process holds while it is written."""
+
+    def __init__(self, seen: list[int]) -> None:
+        self.seen = seen
+        self.nbytes = 10
+
+    def write_to(self, out: Any) -> None:
+        self.seen.append(len(os.listdir("/proc/self/fd")))
+        out.write(b"x" * self.nbytes)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+async def test_a_batch_over_many_directories_holds_one_directory_open(tmp_path: Path) -> None:
+    storage = LocalStorage(str(tmp_path))
+    await storage.prepare()
+    seen: list[int] = []
+    items = []
+    for i in range(40):  # forty files in forty directories, in one batch
+        items.append((f"dir{i}/d.pth", _CountsDescriptors(seen)))
+    outcomes = await storage.write_atomic_many(items, overwrite=False, done=None)
+    assert all(not isinstance(o, Exception) for o in outcomes)
+    assert sorted(p.name for p in tmp_path.glob("dir*/d.pth")) == ["d.pth"] * 40
+    assert max(seen) - min(seen) <= 2  # not one more descriptor per directory

@@ -186,7 +186,9 @@ class LocalStorage:
         self, items: Sequence[tuple[str, Payload]], overwrite: bool, done: ItemDone | None
     ) -> builtins.list[WriteResult | Exception]:
         outcomes: builtins.list[WriteResult | Exception] = []
-        directories: dict[tuple[str, ...], int] = {}  # opened once per batch, not per file
+        # The directory of the last file, kept open for the next (dumps of one step share it);
+        # one at a time, so that a batch over many directories holds one descriptor, not many.
+        directories: dict[tuple[str, ...], int] = {}
         try:
             for index, (path, payload) in enumerate(items):
                 outcome: WriteResult | Exception
@@ -217,6 +219,9 @@ class LocalStorage:
             if directory is None:
                 directory = self._open_dir(parents)
                 if directories is not None:
+                    for fd in directories.values():
+                        os.close(fd)
+                    directories.clear()
                     directories[key] = directory
             try:
                 return self._write_in(directory, temp, name, payload, overwrite)
