@@ -43,7 +43,7 @@ from trajtrack.backends._protocol import (
 )
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
-__all__ = ["LocalStorage", "resolve_inside", "translated"]
+__all__ = ["LocalStorage", "resolve_inside", "translate", "translated"]
 
 _WRITE_BUFFER = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -314,20 +314,41 @@ class LocalStorage:
     def _list_sync(self, prefix: str) -> builtins.list[FileInfo]:
         top = self._resolve(prefix.strip("/")) if prefix.strip("/") else self._root
         found: list[FileInfo] = []
+        rel_top = os.path.relpath(top, self._root).replace(os.sep, "/")
+        pending = [(str(top), "" if rel_top == "." else rel_top + "/")]
         with translated(str(top)):
-            for directory, _dirs, files in os.walk(top, followlinks=False):
-                rel_dir = os.path.relpath(directory, self._root)
-                for name in files:
-                    rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
-                    full = os.path.join(directory, name)
-                    try:
-                        st = os.stat(full, follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue  # a temporary file renamed away while we listed
-                    outside = stat.S_ISLNK(st.st_mode) and not self._inside(full)
-                    found.append(FileInfo(rel, st.st_size, st.st_mtime, outside=outside))
+            while pending:  # os.walk(followlinks=False), with one lstat per file, no more
+                directory, rel_dir = pending.pop()
+                self._list_directory(directory, rel_dir, found, pending)
         found.sort(key=lambda info: info.path)
         return found
+
+    def _list_directory(
+        self,
+        directory: str,
+        rel_dir: str,
+        found: builtins.list[FileInfo],
+        pending: builtins.list[tuple[str, str]],
+    ) -> None:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:  # gone or unreadable meanwhile: skipped, as os.walk skips it
+            return
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()  # follows a link, as os.walk classifies entries
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if not entry.is_symlink():  # a linked directory is never entered
+                    pending.append((entry.path, f"{rel_dir}{entry.name}/"))
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # a temporary file renamed away while we listed
+            outside = stat.S_ISLNK(st.st_mode) and not self._inside(entry.path)
+            found.append(FileInfo(rel_dir + entry.name, st.st_size, st.st_mtime, outside=outside))
 
     def _inside(self, target: str) -> bool:
         try:
@@ -366,6 +387,11 @@ def _write_all(fd: int, data: memoryview) -> None:
     written = 0
     while written < data.nbytes:
         written += os.write(fd, data[written:])
+
+
+def translate(exc: OSError, where: str) -> StorageError:
+    """The :class:`StorageError` matching *exc* (missing, permission...), naming *where*."""
+    return _translate(exc, where)
 
 
 def _translate(exc: OSError, where: str) -> StorageError:

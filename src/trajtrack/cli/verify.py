@@ -86,15 +86,23 @@ async def verify_run(
         if d.recorded and d.present and d.stored_size == d.size and d.problem is None
     ]
 
+    reader = source.blocking_reader()
+    one_thread = anyio.CapacityLimiter(1)
+
     async def check(batch: list[DumpInfo]) -> list[Finding]:
-        found = []
-        for info, data in zip(batch, await source.read_many(batch), strict=True):
-            if isinstance(data, StorageNotFoundError):
-                found.append(Finding(info.name, info.path, "missing", "deleted while verifying"))
-                continue
-            if isinstance(data, Exception):
-                raise data
-            found.append(await _check_bytes(info, data))
+        if reader is not None and len(batch) > 1:  # local, small: read and checksum in one hop
+            found = await anyio.to_thread.run_sync(
+                lambda: [_finding(i, d) for i, d in zip(batch, reader(batch), strict=True)],
+                limiter=one_thread,
+            )
+        else:
+            found = []
+            for info, data in zip(batch, await source.read_many(batch), strict=True):
+                if isinstance(data, bytes) and len(data) > _CHECKSUM_ON_LOOP_MAX:
+                    actual = await anyio.to_thread.run_sync(checksum_of, data)
+                    found.append(_finding(info, data, actual))
+                else:
+                    found.append(_finding(info, data))
         done[0] += len(batch)
         if on_progress is not None:
             on_progress(done[0], len(to_read))
@@ -129,13 +137,15 @@ async def verify_run(
     return findings
 
 
-async def _check_bytes(info: DumpInfo, data: bytes) -> Finding:
-    if len(data) <= _CHECKSUM_ON_LOOP_MAX:  # a few microseconds: not worth a thread hop
-        actual = checksum_of(data)
-    else:
-        actual = await anyio.to_thread.run_sync(checksum_of, data)
+def _finding(info: DumpInfo, data: bytes | Exception, actual: str | None = None) -> Finding:
+    """The verdict on the bytes read for *info* (*actual*: their checksum, if computed)."""
+    if isinstance(data, StorageNotFoundError):
+        return Finding(info.name, info.path, "missing", "deleted while verifying")
+    if isinstance(data, Exception):
+        raise data
     if len(data) != info.size:
         return _size_finding(info, len(data))
+    actual = actual or checksum_of(data)
     if actual != info.checksum:
         return Finding(
             info.name, info.path, "corrupt", f"checksum {actual}, recorded {info.checksum}"

@@ -109,13 +109,35 @@ def encode_segment(records: list[DumpRecord]) -> bytes:
 
 def decode_segment(data: bytes) -> tuple[list[DumpRecord], int]:
     """Parse a segment; returns the records and the number of unreadable lines skipped."""
+    lines = [line for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
+    parsed = _parse_whole(lines)
+    if parsed is None:  # some line is not one JSON object: parse line by line
+        parsed = []
+        for line in lines:
+            try:
+                parsed.append(json.loads(line))
+            except ValueError:
+                parsed.append(None)
     records: list[DumpRecord] = []
     bad = 0
-    for line in data.decode("utf-8", "replace").splitlines():
-        if not line.strip():
-            continue
+    for item in parsed:
         try:
-            records.append(DumpRecord.from_json(json.loads(line)))
+            records.append(DumpRecord.from_json(item))
         except (ValueError, KeyError, TypeError):
             bad += 1
     return records, bad
+
+
+def _parse_whole(lines: list[str]) -> list[Any] | None:
+    """The JSON object on each line, parsed as one array (one call into the C parser is
+    about three times faster than one per line), or ``None`` if that does not give exactly
+    one object per line (a line that is not one object: each line is then parsed alone)."""
+    if not all(line.lstrip().startswith("{") and line.rstrip().endswith("}") for line in lines):
+        return None
+    try:
+        parsed = json.loads("[" + ",".join(lines) + "]")
+    except ValueError:
+        return None
+    if len(parsed) != len(lines) or not all(type(item) is dict for item in parsed):
+        return None
+    return parsed  # type: ignore[no-any-return]

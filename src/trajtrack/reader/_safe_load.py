@@ -9,6 +9,9 @@ allow-list (:func:`allowed_globals`: the rollout layer's :data:`trajtrack.rollou
 
 1. Every load first runs ``torch.load(weights_only=True)`` with the process's own allow-list
    (torch's defaults and whatever the process added itself). Plain tensor data needs no more.
+   Bytes of plain tensor data (tensors in containers and scalars, nothing torch's defaults do
+   not allow) skip torch.load's per-call cost: :mod:`trajtrack.reader._fast_load` builds the
+   same objects with Python's documented restricted unpickler, and declines everything else.
 2. If that refuses a global, the dump's pickle is scanned statically
    (``torch.serialization.get_unsafe_globals_in_checkpoint``; nothing is run). A global
    outside trajtrack's list: :class:`~trajtrack.UnsafeLoadError`, naming it.
@@ -36,6 +39,7 @@ from typing import Any
 import torch
 
 from trajtrack._exceptions import DumpLoadError, UnsafeLoadError
+from trajtrack.reader._fast_load import DECLINED, fast_load
 
 __all__ = [
     "allow_in_this_process",
@@ -165,6 +169,8 @@ def check_loadable(
     """
     if unsafe:
         return
+    if isinstance(source, bytes) and fast_load(source, build=False) is not DECLINED:
+        return  # what the fast loader loads, torch's default allow-list loads
     loadable = source if isinstance(source, bytes) else os.fspath(source)
     try:
         found = torch.serialization.get_unsafe_globals_in_checkpoint(_file(loadable))
@@ -220,11 +226,17 @@ def _safe_load(source: bytes | str, where: str) -> Any:
 def restricted_load(source: Any) -> Any:
     """``torch.load(source, weights_only=True)`` onto the CPU, with the process's allow-list.
 
-    *source* is bytes, a path or a binary file. While torch checks sparse tensors as it loads
+    *source* is bytes, a path or a binary file. Bytes of plain tensor data are loaded by
+    :func:`~trajtrack.reader._fast_load.fast_load` (the same objects, a fraction of the
+    cost); what it declines, by torch. While torch checks sparse tensors as it loads
     them, loads run one at a time: torch validates them at the end of a load from one
     process-wide list, which every load empties, and which a load that fails half-way
     leaves filled (the next load would validate, and blame, the failed dump's tensors).
     """
+    if isinstance(source, bytes):
+        loaded = fast_load(source)  # plain tensor data, without torch.load's per-call cost
+        if loaded is not DECLINED:
+            return loaded
     file = _file(source) if isinstance(source, bytes) else source
     if not sparse_checks_enabled():
         return torch.load(file, map_location="cpu", weights_only=True, mmap=False)

@@ -88,6 +88,10 @@ _V3_DTYPES: Final[frozenset[torch.dtype]] = frozenset(
     for dtype in {value for value in vars(torch).values() if isinstance(value, torch.dtype)}
     if dtype not in _V2_STORAGES and _REBUILD_V3 is not None and _pickled_by(dtype) is _REBUILD_V3
 )
+# For the reader's fast loader (trajtrack.reader._fast_load), which reads what this writes.
+V2_STORAGES: Final = _V2_STORAGES
+REBUILD_V2: Final = _REBUILD_V2
+REBUILD_V3: Final = _REBUILD_V3
 _REFUSED: Final = (torch.Tensor, torch.storage.TypedStorage, torch.UntypedStorage)
 
 
