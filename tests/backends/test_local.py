@@ -219,3 +219,31 @@ async def test_a_batch_over_many_directories_holds_one_directory_open(tmp_path: 
     assert all(not isinstance(o, Exception) for o in outcomes)
     assert sorted(p.name for p in tmp_path.glob("dir*/d.pth")) == ["d.pth"] * 40
     assert max(seen) - min(seen) <= 2  # not one more descriptor per directory
+
+
+async def test_the_listing_is_what_os_walk_finds_without_following_links(tmp_path: Path) -> None:
+    root, outside = tmp_path / "run", tmp_path / "outside"
+    (root / "a" / "b").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.pth").write_bytes(b"s")
+    (root / "top.pth").write_bytes(b"1")
+    (root / "a" / "mid.pth").write_bytes(b"22")
+    (root / "a" / "b" / "deep.pth").write_bytes(b"333")
+    os.symlink(root / "a" / "mid.pth", root / "link_in.pth")
+    os.symlink(outside / "secret.pth", root / "a" / "link_out.pth")
+    os.symlink(outside, root / "linked_dir")  # never entered
+    os.symlink(root / "a" / "b", root / "a" / "linked_in_dir")  # never entered either
+    os.symlink(tmp_path / "nothing", root / "dangling.pth")
+    listed = await LocalStorage(str(root)).list()
+    assert [(f.path, f.outside) for f in listed] == [
+        ("a/b/deep.pth", False),
+        ("a/link_out.pth", True),
+        ("a/mid.pth", False),
+        ("dangling.pth", True),  # its target would be outside
+        ("link_in.pth", False),
+        ("top.pth", False),
+    ]
+    sizes = {f.path: f.size for f in listed}
+    assert (sizes["top.pth"], sizes["a/mid.pth"], sizes["a/b/deep.pth"]) == (1, 2, 3)
+    prefixed = await LocalStorage(str(root)).list("a/b")
+    assert [f.path for f in prefixed] == ["a/b/deep.pth"]

@@ -65,3 +65,59 @@ def test_group_small_keeps_the_order_and_puts_each_large_item_alone() -> None:
     assert group_small([], lambda x: True, 3) == []
     groups = group_small(list(range(10)), lambda x: True, 4)
     assert [x for group in groups for x in group] == list(range(10))
+
+
+async def _files_run(root: Path) -> None:
+    async with Tracker(root) as tracker:
+        for i in range(4):
+            await tracker.dump({"x": torch.full((50,), float(i))}, f"a/b/d{i}")
+
+
+async def test_a_directory_linked_inside_the_run_is_followed(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    await _files_run(root)
+    async with open_run(root) as run:
+        infos = await run.list()
+        want = [await run.read_bytes(i) for i in infos]
+        os.rename(root / "a" / "b", root / "a" / "real_b")
+        os.symlink(root / "a" / "real_b", root / "a" / "b")  # a link that stays inside
+        assert await run.read_many(infos) == want
+
+
+async def test_a_directory_linked_out_of_the_run_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    await _files_run(root)
+    async with open_run(root) as run:
+        infos = await run.list()
+        os.rename(root / "a", tmp_path / "elsewhere")
+        os.symlink(tmp_path / "elsewhere", root / "a")  # the same files, now outside
+        got = await run.read_many(infos)
+    assert all(isinstance(data, StoragePermissionError) for data in got)
+
+
+@pytest.mark.parametrize("change", [b"grown" * 5000, b"short"])
+async def test_a_file_rewritten_after_listing_is_read_whole(tmp_path: Path, change: bytes) -> None:
+    root = tmp_path / "run"
+    await _files_run(root)
+    async with open_run(root) as run:
+        infos = await run.list()
+        (root / "a" / "b" / "d1.pth").write_bytes(change)
+        got = dict(zip((i.name for i in infos), await run.read_many(infos), strict=True))
+    assert got.pop("a/b/d1") == change
+    sizes = {i.name: i.size for i in infos}
+    assert all(isinstance(data, bytes) and len(data) == sizes[n] for n, data in got.items())
+
+
+async def test_shard_members_read_in_spans_as_one_by_one(tmp_path: Path) -> None:
+    # Members of two shards, interleaved and out of order: every one read exactly.
+    root = tmp_path / "run"
+    async with Tracker(root, layout="shards") as tracker:
+        for i in range(10):
+            await tracker.dump({"x": torch.full((50 + i,), float(i))}, f"d{i}")
+            if i == 4:
+                await tracker.flush()  # seals the first shard
+    async with open_run(root) as run:
+        infos = await run.list()
+        assert len({i.shard for i in infos}) == 2
+        order = [infos[k] for k in (0, 1, 2, 6, 7, 3, 4, 5, 9, 8)]
+        assert await run.read_many(order) == [await run.read_bytes(i) for i in order]

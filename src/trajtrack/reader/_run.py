@@ -28,11 +28,12 @@ from trajtrack._exceptions import (
     StorageNotFoundError,
     StoragePermissionError,
 )
-from trajtrack.backends import Storage, check_relative, open_storage
-from trajtrack.backends.local import translate, translated
+from trajtrack.backends import Storage, open_storage
+from trajtrack.backends.local import translated
 from trajtrack.reader._dumps import DumpInfo, RunListing, matches
-from trajtrack.reader._files import DirectoryReader, LocalFile, inside_run, local_file
+from trajtrack.reader._files import LocalFile, inside_run, local_file
 from trajtrack.reader._listing import scan_run
+from trajtrack.reader._local_reads import read_local, whole_member
 from trajtrack.reader._safe_load import load_dump_bytes, load_dump_file
 
 __all__ = ["DEFAULT_CONCURRENCY", "Run", "open_run"]
@@ -165,9 +166,7 @@ class Run:
         storage = await self._opened()
         if info.shard is None:
             return await storage.read(info.path)
-        return _whole_member(
-            info, await storage.read_range(info.shard, info.offset or 0, info.size)
-        )
+        return whole_member(info, await storage.read_range(info.shard, info.offset or 0, info.size))
 
     async def read_many(self, infos: Sequence[DumpInfo]) -> builtins.list[bytes | Exception]:
         """The stored bytes of several dumps, or the error each read raised, in order.
@@ -179,7 +178,7 @@ class Run:
         storage = await self._opened()
         root = storage.local_path("")
         if root is not None and len(infos) > 1:
-            return await anyio.to_thread.run_sync(_read_local, self._url, root, infos)
+            return await anyio.to_thread.run_sync(read_local, self._url, root, infos)
         out: builtins.list[bytes | Exception] = []
         for info in infos:
             try:
@@ -201,7 +200,7 @@ class Run:
         root = self.storage.local_path("")
         if root is None:
             return None
-        return functools.partial(_read_local, self._url, root)
+        return functools.partial(read_local, self._url, root)
 
     async def load(self, name: str | DumpInfo, *, unsafe: bool = False) -> Any:
         """Read and deserialize one dump; tensors come back on the CPU.
@@ -266,51 +265,6 @@ def _load_sync(data: bytes, unsafe: bool, where: str) -> Any:
 def _check_readable(url: str, info: DumpInfo) -> None:
     if info.problem is not None:
         raise StoragePermissionError(f"{url}: refusing to read {info.name!r}: {info.problem}")
-
-
-def _whole_member(info: DumpInfo, data: bytes) -> bytes:
-    """*data*, the bytes of shard member *info*, if none is missing."""
-    if len(data) != info.size:
-        raise DumpLoadError(
-            f"{info.name}: its shard {info.shard} holds {len(data)} of its "
-            f"{info.size} bytes (truncated)"
-        )
-    return data
-
-
-def _read_local(url: str, root: str, infos: Sequence[DumpInfo]) -> builtins.list[bytes | Exception]:
-    """:meth:`Run.read_many` on a local storage whose root is *root* (blocking)."""
-    out: builtins.list[bytes | Exception] = []
-    shards: dict[str, int] = {}  # each shard of the batch opened once
-    files = DirectoryReader(root)
-    try:
-        for info in infos:
-            try:
-                if info.problem is not None:
-                    _check_readable(url, info)
-                out.append(_read_one_local(root, info, shards, files))
-            except (StorageError, DumpLoadError) as exc:  # refused, missing, short shard
-                out.append(exc)
-            except OSError as exc:
-                out.append(translate(exc, f"{info.name}: {info.shard or info.path}"))
-    finally:
-        files.close()
-        for fd in shards.values():
-            os.close(fd)
-    return out
-
-
-def _read_one_local(
-    root: str, info: DumpInfo, shards: dict[str, int], files: DirectoryReader
-) -> bytes:
-    if info.shard is None:
-        expected = info.stored_size if info.stored_size is not None else info.size
-        return files.read(check_relative(info.path), expected, info.name)
-    fd = shards.get(info.shard)
-    if fd is None:
-        shard = LocalFile(root, check_relative(info.shard))
-        fd = shards[info.shard] = os.open(inside_run(shard, info.name), os.O_RDONLY | os.O_CLOEXEC)
-    return _whole_member(info, os.pread(fd, info.size, info.offset or 0))
 
 
 def _load_file_sync(file: LocalFile, unsafe: bool, where: str) -> Any:

@@ -1,0 +1,128 @@
+"""Reading a batch of dumps from a local run in one worker thread: :func:`read_local`.
+
+Files are opened relative to their directory's descriptor, never through a link
+(:class:`~trajtrack.reader._files.DirectoryReader`). Shard members that lie close together in
+one shard (a batch in dump order: consecutive members) are fetched with one ``pread`` of the
+span that holds them all, then sliced: one system call per run of members instead of one per
+member.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Final
+
+from trajtrack._exceptions import DumpLoadError, StorageError, StoragePermissionError
+from trajtrack.backends import check_relative
+from trajtrack.backends.local import translate
+from trajtrack.reader._dumps import DumpInfo
+from trajtrack.reader._files import DirectoryReader, LocalFile, inside_run
+
+__all__ = ["read_local", "whole_member"]
+
+_SPAN_MAX: Final = 8 << 20  # the most read at once for a run of neighbouring members
+_GAP_MAX: Final = 64 << 10  # members further apart than this are read on their own
+
+
+def read_local(url: str, root: str, infos: Sequence[DumpInfo]) -> list[bytes | Exception]:
+    """The bytes of each dump of *infos* below the local root *root*, or the error that
+    reading it raised (blocking)."""
+    batch = _Batch(root, infos)
+    out: list[bytes | Exception] = []
+    try:
+        for index, info in enumerate(infos):
+            try:
+                if info.problem is not None:
+                    raise StoragePermissionError(
+                        f"{url}: refusing to read {info.name!r}: {info.problem}"
+                    )
+                out.append(batch.read(index, info))
+            except (StorageError, DumpLoadError) as exc:  # refused, missing, short shard
+                out.append(exc)
+            except OSError as exc:
+                out.append(translate(exc, f"{info.name}: {info.shard or info.path}"))
+    finally:
+        batch.close()
+    return out
+
+
+def whole_member(info: DumpInfo, data: bytes) -> bytes:
+    """*data*, the bytes of shard member *info*, if none is missing."""
+    if len(data) != info.size:
+        raise DumpLoadError(
+            f"{info.name}: its shard {info.shard} holds {len(data)} of its "
+            f"{info.size} bytes (truncated)"
+        )
+    return data
+
+
+class _Batch:
+    """The open descriptors of one batch: a directory at a time, each shard once."""
+
+    def __init__(self, root: str, infos: Sequence[DumpInfo]) -> None:
+        self._root = root
+        self._files = DirectoryReader(root)
+        self._shards: dict[str, int] = {}
+        self._spans = _spans(infos)
+        self._window: tuple[str, int, bytes] | None = None  # (shard, offset, bytes read)
+
+    def read(self, index: int, info: DumpInfo) -> bytes:
+        if info.shard is None:
+            expected = info.stored_size if info.stored_size is not None else info.size
+            return self._files.read(check_relative(info.path), expected, info.name)
+        offset = info.offset or 0
+        window = self._window
+        if (
+            window is None
+            or window[0] != info.shard
+            or not (window[1] <= offset and offset + info.size <= window[1] + len(window[2]))
+        ):
+            span = self._spans.get(index)
+            if span is None:
+                return whole_member(info, os.pread(self._shard(info), info.size, offset))
+            span_offset, span_length = span
+            data = os.pread(self._shard(info), span_length, span_offset)
+            window = self._window = (info.shard, span_offset, data)
+        start = offset - window[1]
+        return whole_member(info, window[2][start : start + info.size])
+
+    def _shard(self, info: DumpInfo) -> int:
+        shard = info.shard or ""
+        fd = self._shards.get(shard)
+        if fd is None:
+            path = inside_run(LocalFile(self._root, check_relative(shard)), info.name)
+            fd = self._shards[shard] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
+    def close(self) -> None:
+        self._files.close()
+        for fd in self._shards.values():
+            os.close(fd)
+
+
+def _spans(infos: Sequence[DumpInfo]) -> dict[int, tuple[int, int]]:
+    """``index -> (offset, length)`` for the first of each run of two or more consecutive
+    members of one shard lying close together: one read covers them all."""
+    spans: dict[int, tuple[int, int]] = {}
+    index = 0
+    while index < len(infos):
+        first = infos[index]
+        if first.shard is None or first.problem is not None or first.offset is None:
+            index += 1
+            continue
+        start, end, following = first.offset, first.offset + first.size, index + 1
+        while following < len(infos):
+            info = infos[following]
+            if info.shard != first.shard or info.problem is not None or info.offset is None:
+                break
+            if not (end <= info.offset <= end + _GAP_MAX):
+                break
+            if info.offset + info.size - start > _SPAN_MAX:
+                break
+            end = info.offset + info.size
+            following += 1
+        if following - index > 1:
+            spans[index] = (start, end - start)
+        index = following
+    return spans
