@@ -11,7 +11,10 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import random
 import struct
+import tracemalloc
+import warnings
 import zipfile
 from collections import Counter, OrderedDict
 from pathlib import Path
@@ -123,6 +126,15 @@ def test_shared_references_and_self_reference_survive() -> None:
     assert got["c"][1] is got["c"]
 
 
+def test_equal_views_stay_distinct_keys() -> None:
+    base = torch.arange(4.0)
+    data = saved({base: "whole", base[:]: "view", "s": {base, base[:]}})
+    got, want = fast_load(data), torch_load(data)
+    assert len(got) == len(want) == 3
+    assert sorted(v for k, v in got.items() if isinstance(k, torch.Tensor)) == ["view", "whole"]
+    assert len(got["s"]) == 2
+
+
 def test_loaded_tensors_own_their_memory() -> None:
     data = bytearray(saved(torch.arange(4.0)))
     got = fast_load(bytes(data))
@@ -164,15 +176,27 @@ def test_a_hostile_pickle_is_declined_and_runs_nothing(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
-def _replace_pickle(data: bytes, pickled: bytes) -> bytes:
-    """*data* with its data.pkl record replaced (stored, uncompressed)."""
+def rezipped(data: bytes, change: Any = None, method: int = zipfile.ZIP_STORED) -> bytes:
+    """*data*'s records written again by Python's zipfile, with the header fields torch's
+    writer uses (UTF-8 flag, no attributes), each record's bytes passed through
+    ``change(name, body)`` (a list of bodies: the record written that many times)."""
     source = zipfile.ZipFile(io.BytesIO(data))
     out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as target:
-        for info in source.infolist():
-            body = pickled if info.filename.endswith("/data.pkl") else source.read(info)
-            target.writestr(info.filename, body)
+    with warnings.catch_warnings(), zipfile.ZipFile(out, "w") as target:
+        warnings.simplefilter("ignore")  # zipfile: "Duplicate name"
+        for record in source.infolist():
+            body = source.read(record)
+            bodies = change(record.filename, body) if change else body
+            for each in bodies if isinstance(bodies, list) else [bodies]:
+                info = zipfile.ZipInfo(record.filename, date_time=(1980, 1, 1, 0, 0, 0))
+                info.flag_bits, info.external_attr, info.compress_type = 0x800, 0, method
+                target.writestr(info, each)
     return out.getvalue()
+
+
+def _replace_pickle(data: bytes, pickled: bytes) -> bytes:
+    """*data* with its data.pkl record replaced."""
+    return rezipped(data, lambda name, body: pickled if name.endswith("/data.pkl") else body)
 
 
 def _rebuild_args_pickle(size: tuple[int, ...], stride: tuple[int, ...], offset: int) -> bytes:
@@ -219,32 +243,54 @@ def test_the_sample_geometry_itself_is_accepted() -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    ["truncated", "compressed", "storage too short", "big endian", "garbage"],
+    [
+        "truncated",
+        "compressed",
+        "storage too short",
+        "big endian",
+        "garbage",
+        "a record twice",
+        "another format version",
+        "a record marked as a directory",
+    ],
 )
 def test_malformed_archives_are_declined(damage: str) -> None:
     data = saved({"v": torch.arange(100.0)})
     if damage == "truncated":
         data = data[: len(data) // 2]
     elif damage == "compressed":
-        source = zipfile.ZipFile(io.BytesIO(data))
-        out = io.BytesIO()
-        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as target:
-            for info in source.infolist():
-                target.writestr(info.filename, source.read(info))
-        data = out.getvalue()
+        data = rezipped(data, method=zipfile.ZIP_DEFLATED)
     elif damage == "storage too short":
-        source = zipfile.ZipFile(io.BytesIO(data))
-        out = io.BytesIO()
-        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as target:
-            for info in source.infolist():
-                body = source.read(info)
-                target.writestr(info.filename, body[:-4] if "/data/" in info.filename else body)
-        data = out.getvalue()
+        data = rezipped(data, lambda name, body: body[:-4] if "/data/" in name else body)
     elif damage == "big endian":
-        data = data.replace(b"little", b"big\x00\x00\x00", 1)
+        data = rezipped(data, lambda name, body: b"big" if name.endswith("/byteorder") else body)
+    elif damage == "a record twice":
+        data = rezipped(data, lambda name, body: [body, body[::-1]] if "/data/" in name else body)
+    elif damage == "another format version":
+        data = rezipped(data, lambda name, body: b"9\n" if name.endswith("/version") else body)
+    elif damage == "a record marked as a directory":
+        data = _with_external_attributes(data, "archive/data/0", 0x10)
     else:
         data = struct.pack("<I", 0x06054B50) + os.urandom(200)
     assert fast_load(data) is DECLINED
+
+
+def _with_external_attributes(data: bytes, name: str, attributes: int) -> bytes:
+    """*data* rezipped, with the central directory entry of *name* given these attributes."""
+    raw = bytearray(rezipped(data))
+    directory = struct.unpack_from("<I", raw, len(raw) - 6)[0]  # from the end record
+    entry = raw.index(name.encode(), directory) - 46  # the fixed part of its entry comes first
+    raw[entry + 38 : entry + 42] = struct.pack("<I", attributes)
+    assert fast_load(rezipped(data)) is not DECLINED  # the same archive but for that field
+    return bytes(raw)
+
+
+def test_a_rezipped_archive_is_still_accepted() -> None:
+    # The damaged archives above are all rewritten by rezipped(): this one, undamaged, loads.
+    data = rezipped(saved({"v": torch.arange(100.0)}))
+    got = fast_load(data)
+    assert got is not DECLINED
+    assert_identical(got, torch_load(data), {})
 
 
 def test_the_safe_loader_goes_to_torch_only_for_what_is_declined(
@@ -264,3 +310,48 @@ def test_the_safe_loader_goes_to_torch_only_for_what_is_declined(
     assert calls == []
     assert safe_load.load_dump_bytes(saved(Counter(a=2))) == Counter(a=2)
     assert calls == [1]
+
+
+def test_flipped_bytes_decline_or_load_what_torch_loads() -> None:
+    # Differential: whatever a damaged archive gives, the fast path never accepts what torch
+    # refuses, and never builds something else.
+    rng = random.Random(int(os.environ.get("SEED", "1234")))
+    original = saved({"i": 3, "v": torch.arange(64, dtype=torch.int16).reshape(8, 8).t()})
+    accepted = 0
+    for _ in range(1500):
+        data = bytearray(original)
+        for _ in range(rng.choice((1, 2, 4))):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        got = fast_load(bytes(data))
+        if got is DECLINED:
+            continue
+        accepted += 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Detected pickle protocol 0": a flipped PROTO
+            want = torch_load(bytes(data))
+        assert_identical(got, want, {})
+    assert accepted > 400  # most flips land in tensor data, which both load alike
+
+
+def test_a_huge_memo_index_is_declined_before_the_unpickler_allocates_for_it() -> None:
+    # The C unpickler sizes its memo by the largest index it is given: one LONG_BINPUT of
+    # 10 million would make it allocate 160 MB for a pickle of a few bytes.
+    pickled = pickle.PROTO + b"\x02" + pickle.NONE + pickle.LONG_BINPUT
+    pickled += struct.pack("<I", 10_000_000) + pickle.STOP
+    data = _replace_pickle(saved(None), pickled)
+    tracemalloc.start()
+    try:
+        assert fast_load(data) is DECLINED
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 << 20
+
+
+@pytest.mark.parametrize("protocol", [0, 4])
+def test_opcodes_torch_does_not_implement_are_declined(protocol: int) -> None:
+    pickled = pickle.dumps({"a": [1, 2.5, "x"]}, protocol=protocol)
+    assert fast_load(_replace_pickle(saved(None), pickled)) is DECLINED
+    assert fast_load(_replace_pickle(saved(None), pickle.dumps({"a": [1, 2.5, "x"]}, 2))) == {
+        "a": [1, 2.5, "x"]
+    }
