@@ -174,7 +174,11 @@ def test_big_storages_use_the_crc_thread(monkeypatch: pytest.MonkeyPatch) -> Non
             super().__init__(views)
 
     monkeypatch.setattr(_torchzip, "_Crc32Worker", Recording)
-    obj = {"a": torch.randn(300_000), "b": torch.ones(5), "c": torch.randn(400_000), "d": 1}
+    big = _torchzip.PARALLEL_CRC_MIN // 4  # float32 elements
+    obj = {"a": torch.randn(big + 10), "b": torch.ones(5), "c": torch.randn(big + 20), "d": 1}
+    small = {"e": torch.randn(big - 10)}  # just under the threshold: no thread
+    assert_loads_like_torch_save(small)
+    assert threads == []
     assert_loads_like_torch_save(obj)
     assert threads == ["2"]  # one thread for both big storages, none for the small one
     monkeypatch.setattr(_torchzip, "PARALLEL_CRC_MIN", 100)
@@ -198,6 +202,7 @@ def test_a_failed_write_stops_the_crc_thread(monkeypatch: pytest.MonkeyPatch) ->
             raise OSError("disk full")
 
     monkeypatch.setattr(_torchzip, "crc32_big", slow_crc32)
+    monkeypatch.setattr(_torchzip, "PARALLEL_CRC_MIN", 1 << 20)  # four 1.2 MB storages
     obj = {f"t{i}": torch.randn(300_000) for i in range(4)}
     with pytest.raises(OSError, match="disk full"):
         write_archive(obj, Broken())
