@@ -18,7 +18,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -319,36 +319,9 @@ class LocalStorage:
         with translated(str(top)):
             while pending:  # os.walk(followlinks=False), with one lstat per file, no more
                 directory, rel_dir = pending.pop()
-                self._list_directory(directory, rel_dir, found, pending)
+                _list_directory(directory, rel_dir, self._inside, found, pending)
         found.sort(key=lambda info: info.path)
         return found
-
-    def _list_directory(
-        self,
-        directory: str,
-        rel_dir: str,
-        found: builtins.list[FileInfo],
-        pending: builtins.list[tuple[str, str]],
-    ) -> None:
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:  # gone or unreadable meanwhile: skipped, as os.walk skips it
-            return
-        for entry in entries:
-            try:
-                is_dir = entry.is_dir()  # follows a link, as os.walk classifies entries
-            except OSError:
-                is_dir = False
-            if is_dir:
-                if not entry.is_symlink():  # a linked directory is never entered
-                    pending.append((entry.path, f"{rel_dir}{entry.name}/"))
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # a temporary file renamed away while we listed
-            outside = stat.S_ISLNK(st.st_mode) and not self._inside(entry.path)
-            found.append(FileInfo(rel_dir + entry.name, st.st_size, st.st_mtime, outside=outside))
 
     def _inside(self, target: str) -> bool:
         try:
@@ -387,6 +360,36 @@ def _write_all(fd: int, data: memoryview) -> None:
     written = 0
     while written < data.nbytes:
         written += os.write(fd, data[written:])
+
+
+def _list_directory(
+    directory: str,
+    rel_dir: str,
+    inside: Callable[[str], bool],
+    found: list[FileInfo],
+    pending: list[tuple[str, str]],
+) -> None:
+    """One directory of :meth:`LocalStorage.list`: its files into *found*, its
+    subdirectories (never a linked one) into *pending*."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:  # gone or unreadable meanwhile: skipped, as os.walk skips it
+        return
+    for entry in entries:
+        try:
+            is_dir = entry.is_dir()  # follows a link, as os.walk classifies entries
+        except OSError:
+            is_dir = False
+        if is_dir:
+            if not entry.is_symlink():  # a linked directory is never entered
+                pending.append((entry.path, f"{rel_dir}{entry.name}/"))
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # a temporary file renamed away while we listed
+        outside = stat.S_ISLNK(st.st_mode) and not inside(entry.path)
+        found.append(FileInfo(rel_dir + entry.name, st.st_size, st.st_mtime, outside=outside))
 
 
 def translate(exc: OSError, where: str) -> StorageError:

@@ -51,13 +51,19 @@ from __future__ import annotations
 
 import io
 import pickle
-import struct
 import sys
 from collections import OrderedDict
 from typing import Any, Final
 
 import torch
 
+from trajtrack.reader._torch_archive import (
+    Declined,
+    archive_records,
+    check_opcodes,
+    member,
+    member_start,
+)
 from trajtrack.tracker._archive import REBUILD_V2, REBUILD_V3, V2_STORAGES
 
 __all__ = ["DECLINED", "fast_load"]
@@ -65,32 +71,8 @@ __all__ = ["DECLINED", "fast_load"]
 DECLINED: Final = object()
 """What :func:`fast_load` returns for what it does not load (``torch.load`` must)."""
 
-_END: Final = struct.Struct("<IHHHHIIH")
-# The fields read of a central directory entry and of a local header (the rest skipped).
-_CENTRAL: Final = struct.Struct("<I4xHH8xIIHHHHHII")
-_CENTRAL_SIZE: Final = 46
-_ZIP64_LOCATOR: Final = struct.Struct("<IIQI")
-_ZIP64_END: Final = struct.Struct("<IQ4xIIQQQQ")
-_ZIP64_LOCATOR_SIGNATURE: Final = 0x07064B50
-_ZIP64_END_SIGNATURE: Final = 0x06064B50
-_LOCAL: Final = struct.Struct("<I2xHH16xHH")
-_END_SIGNATURE: Final = 0x06054B50
-_CENTRAL_SIGNATURE: Final = 0x02014B50
-_LOCAL_SIGNATURE: Final = 0x04034B50
+
 _LITTLE: Final = sys.byteorder == "little"
-_CONSTANT_RECORDS: Final = {  # as torch.save (and trajtrack's writer) write them
-    ".format_version": b"1",
-    ".storage_alignment": b"64",
-    "byteorder": b"little",
-    "version": b"3\n",
-}
-_SERIALIZATION_ID: Final = ".data/serialization_id"
-_FLAGS: Final = 0x0808  # the flags allowed: UTF-8 names (11), sizes after the data (3)
-_DOS_DIRECTORY: Final = 0x10
-
-
-class _Declined(Exception):
-    """Not for this loader: ``torch.load`` decides."""
 
 
 def fast_load(data: bytes, *, build: bool = True) -> Any:
@@ -103,7 +85,7 @@ def fast_load(data: bytes, *, build: bool = True) -> Any:
     """
     try:
         return _load(data, build)
-    except (_Declined, pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError):
+    except (Declined, pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError):
         return DECLINED
     except (RuntimeError, AttributeError, IndexError, OverflowError, MemoryError):
         return DECLINED  # e.g. RecursionError (deep nesting), torch's bounds checks, a length
@@ -112,13 +94,10 @@ def fast_load(data: bytes, *, build: bool = True) -> Any:
 
 def _load(data: bytes, build: bool) -> Any:
     if not _LITTLE:
-        raise _Declined
-    records = _records(data)
-    limit = _END.unpack_from(data, len(data) - _END.size)[6]  # the central directory's start
-    prefix = next(iter(records)).partition("/")[0] + "/"
-    _check_records(data, records, prefix, limit)
-    pickled = _member(data, records, prefix + "data.pkl", limit)
-    _check_opcodes(pickled)
+        raise Declined
+    records, prefix, limit = archive_records(data)
+    pickled = member(data, records, prefix + "data.pkl", limit)
+    check_opcodes(pickled)
     unpickler = _Unpickler(io.BytesIO(pickled))
     unpickler.data, unpickler.records, unpickler.prefix = data, records, prefix + "data/"
     unpickler.limit = limit
@@ -129,142 +108,6 @@ def _load(data: bytes, build: bool) -> Any:
     if not unpickler.tensors:
         return obj
     return _Resolver(data).resolve(obj)
-
-
-def _check_records(
-    data: bytes, records: dict[str, tuple[int, int]], prefix: str, limit: int
-) -> None:
-    """Decline unless the archive holds exactly the records ``torch.save`` writes, the
-    constant ones with the values it writes (torch's reader checks some of them: anything
-    else may be an archive it refuses)."""
-    names = iter(records)
-    if next(names) != prefix + "data.pkl":
-        raise _Declined
-    for name in names:
-        tail = name[len(prefix) :]
-        if not name.startswith(prefix) or (
-            tail not in _CONSTANT_RECORDS
-            and tail != _SERIALIZATION_ID
-            and not (tail.startswith("data/") and tail[5:].isdigit() and tail[5:].isascii())
-        ):
-            raise _Declined
-    for tail, value in _CONSTANT_RECORDS.items():
-        if _member(data, records, prefix + tail, limit) != value:
-            raise _Declined
-    identifier = _member(data, records, prefix + _SERIALIZATION_ID, limit)
-    if not (identifier.isdigit() and identifier.isascii()):
-        raise _Declined
-
-
-def _check_opcodes(pickled: bytes) -> None:
-    """Decline a pickle with an opcode torch's weights-only unpickler does not implement, or
-    a memo index beyond its length: the C unpickler sizes its memo by the largest index, so
-    one ``LONG_BINPUT`` could make it allocate gigabytes (torch's keeps a dict)."""
-    size = len(pickled)
-    at = 0
-    while at < size:
-        opcode = pickled[at]
-        if opcode in _ONE_BYTE_ARG:  # the most common ones first (BINPUT after every object)
-            at += 2
-            continue
-        arg = _ARGS.get(opcode)
-        if arg is None:
-            raise _Declined
-        at += 1
-        if arg == _NO_ARG:
-            if opcode == _STOP:
-                return
-        elif arg == _LINES:  # GLOBAL: module and name, each up to a newline
-            at = pickled.index(b"\n", pickled.index(b"\n", at) + 1) + 1
-        elif arg < 0:  # a length of -arg bytes, then that many bytes
-            at += -arg + int.from_bytes(pickled[at : at - arg], "little")
-        else:
-            if opcode in _MEMO and int.from_bytes(pickled[at : at + arg], "little") > size:
-                raise _Declined
-            at += arg
-    raise _Declined  # no STOP
-
-
-def _records(data: bytes) -> dict[str, tuple[int, int]]:
-    """``name -> (local header offset, length)`` of each record of the zip archive *data*."""
-    end = len(data) - _END.size
-    if end < 0:
-        raise _Declined
-    signature, disk, cd_disk, on_disk, total, cd_size, cd_offset, comment = _END.unpack_from(
-        data, end
-    )
-    if signature != _END_SIGNATURE or comment or disk or cd_disk or on_disk != total:
-        raise _Declined
-    cd_end = cd_offset + cd_size
-    if not total or cd_end > end or cd_size < total * _CENTRAL_SIZE:
-        raise _Declined
-    _check_zip64_end(data, end, total, cd_size, cd_offset)
-    records: dict[str, tuple[int, int]] = {}
-    position = cd_offset
-    unpack, fixed = _CENTRAL.unpack_from, _CENTRAL.size
-    for _ in range(total):
-        if position + fixed > cd_end:
-            raise _Declined
-        fields = unpack(data, position)
-        signature, flags, method, packed, size, name_len, extra_len, comment_len = fields[:8]
-        start_disk, external, local = fields[8], fields[10], fields[11]
-        if signature != _CENTRAL_SIGNATURE or method or flags & ~_FLAGS or packed != size:
-            raise _Declined  # compressed, encrypted, or sizes in a zip64 field
-        if start_disk or extra_len or comment_len or external & _DOS_DIRECTORY:
-            raise _Declined  # a record marked as a directory: zip readers take it for one
-        name = data[position + fixed : position + fixed + name_len]
-        position += fixed + name_len + extra_len + comment_len
-        key = name.decode()
-        if local >= cd_offset or key in records:
-            raise _Declined  # a record twice: which one torch's reader would take is not ours
-        records[key] = (local, size)
-    if len({key.lower() for key in records}) != len(records):
-        raise _Declined  # names that differ in case only (zip readers may match either)
-    return records
-
-
-def _check_zip64_end(data: bytes, end: int, total: int, cd_size: int, cd_offset: int) -> None:
-    """Decline unless the zip64 end records, if any (torch's writer always adds them, and
-    torch's reader then takes the directory's place from them), say what the classic one
-    says, for one disk."""
-    at = end - _ZIP64_LOCATOR.size
-    if at < 0 or _ZIP64_LOCATOR.unpack_from(data, at)[0] != _ZIP64_LOCATOR_SIGNATURE:
-        return
-    _, record_disk, record_offset, disks = _ZIP64_LOCATOR.unpack_from(data, at)
-    if record_disk or disks != 1 or record_offset + _ZIP64_END.size > at:
-        raise _Declined
-    fields = _ZIP64_END.unpack_from(data, record_offset)
-    signature, record_size, this_disk, cd_disk, on_disk, entries, size, offset = fields
-    if signature != _ZIP64_END_SIGNATURE or record_size < _ZIP64_END.size - 12:
-        raise _Declined
-    if (
-        this_disk
-        or cd_disk
-        or (on_disk, entries, size, offset) != (total, total, cd_size, cd_offset)
-    ):
-        raise _Declined
-
-
-def _member_start(data: bytes, local: int, size: int, limit: int) -> int:
-    """Where the data of the record whose local header is at *local* starts."""
-    if local + _LOCAL.size > limit:
-        raise _Declined
-    signature, flags, method, name_len, extra_len = _LOCAL.unpack_from(data, local)
-    if signature != _LOCAL_SIGNATURE or method or flags & ~_FLAGS:
-        raise _Declined
-    start: int = local + _LOCAL.size + name_len + extra_len
-    if start + size > limit:
-        raise _Declined
-    return start
-
-
-def _member(data: bytes, records: dict[str, tuple[int, int]], name: str, limit: int) -> bytes:
-    found = records.get(name)
-    if found is None:
-        raise _Declined
-    local, size = found
-    start = _member_start(data, local, size, limit)
-    return data[start : start + size]
 
 
 class _StorageType:
@@ -317,40 +160,40 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         found = _GLOBALS.get((module, name))
         if found is None:
-            raise _Declined
+            raise Declined
         if found is _rebuild_v2 or found is _rebuild_v3:
             self.tensors += 1
         return found
 
     def persistent_load(self, pid: Any) -> Any:
         if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
-            raise _Declined
+            raise Declined
         _, kind, key, location, numel = pid
         if type(kind) is not _StorageType or type(key) is not str or type(location) is not str:
-            raise _Declined
+            raise Declined
         if type(numel) is not int or numel < 0:
-            raise _Declined
+            raise Declined
         itemsize = 1 if kind.dtype is None else kind.dtype.itemsize
         known = self.storages.get(key)
         if known is not None:
             if known.dtype is not kind.dtype or known.length != numel * itemsize:
-                raise _Declined
+                raise Declined
             return known
         found = self.records.get(self.prefix + key)
         if found is None or found[1] != numel * itemsize:
-            raise _Declined
-        start = _member_start(self.data, found[0], found[1], self.limit)
+            raise Declined
+        start = member_start(self.data, found[0], found[1], self.limit)
         record = self.storages[key] = _StorageRecord(kind.dtype, start, found[1])
         return record
 
 
 def _checked_geometry(offset: Any, size: Any, stride: Any, requires_grad: Any) -> None:
     if type(offset) is not int or type(requires_grad) is not bool:
-        raise _Declined
+        raise Declined
     if type(size) is not tuple or type(stride) is not tuple or len(size) != len(stride):
-        raise _Declined
+        raise Declined
     if not _INTS.issuperset(map(type, size)) or not _INTS.issuperset(map(type, stride)):
-        raise _Declined
+        raise Declined
 
 
 _INTS: Final = frozenset({int})
@@ -358,41 +201,32 @@ _INTS: Final = frozenset({int})
 
 def _checked_extras(hooks: Any, metadata: Any) -> None:
     if type(hooks) is not OrderedDict or hooks or hooks.__dict__:
-        raise _Declined  # backward hooks are never saved; a non-empty dict is not torch's
+        raise Declined  # backward hooks are never saved; a non-empty dict is not torch's
     if metadata is not None and (type(metadata) is not dict or metadata):
-        raise _Declined  # neg / conj bits: torch's loader sets them
+        raise Declined  # neg / conj bits: torch's loader sets them
 
 
-def _rebuild_v2(
-    storage: Any,
-    offset: Any,
-    size: Any,
-    stride: Any,
-    requires_grad: Any,
-    hooks: Any,
-    metadata: Any = None,
-) -> _TensorRef:
-    if type(storage) is not _StorageRecord or storage.dtype is None:
-        raise _Declined
-    _checked_geometry(offset, size, stride, requires_grad)
-    _checked_extras(hooks, metadata)
-    return _TensorRef((storage.dtype, offset, requires_grad, size, storage, stride))
+def _rebuild_v2(*args: Any) -> _TensorRef:
+    """torch's rebuild over a typed storage: ``(storage, offset, size, stride, requires_grad,
+    hooks[, metadata])``."""
+    if len(args) not in (6, 7) or type(args[0]) is not _StorageRecord or args[0].dtype is None:
+        raise Declined
+    return _ref(args[0].dtype, args[:6], args[6] if len(args) == 7 else None)
 
 
-def _rebuild_v3(
-    storage: Any,
-    offset: Any,
-    size: Any,
-    stride: Any,
-    requires_grad: Any,
-    hooks: Any,
-    dtype: Any,
-    metadata: Any = None,
-) -> _TensorRef:
-    if type(storage) is not _StorageRecord or storage.dtype is not None:
-        raise _Declined
-    if type(dtype) is not torch.dtype:
-        raise _Declined
+def _rebuild_v3(*args: Any) -> _TensorRef:
+    """torch's rebuild over an untyped storage: ``(storage, offset, size, stride,
+    requires_grad, hooks, dtype[, metadata])``."""
+    if len(args) not in (7, 8) or type(args[0]) is not _StorageRecord or args[0].dtype is not None:
+        raise Declined
+    if type(args[6]) is not torch.dtype:
+        raise Declined
+    return _ref(args[6], args[:6], args[7] if len(args) == 8 else None)
+
+
+def _ref(dtype: torch.dtype, common: tuple[Any, ...], metadata: Any) -> _TensorRef:
+    """The tensor record for both rebuilds; *common*: their first six arguments."""
+    storage, offset, size, stride, requires_grad, hooks = common
     _checked_geometry(offset, size, stride, requires_grad)
     _checked_extras(hooks, metadata)
     return _TensorRef((dtype, offset, requires_grad, size, storage, stride))
@@ -401,7 +235,7 @@ def _rebuild_v3(
 def _encode(text: Any, encoding: Any) -> bytes:
     """``bytes`` as pickle protocol 2 writes them: ``_codecs.encode(text, "latin1")``."""
     if type(text) is not str or encoding != "latin1":
-        raise _Declined
+        raise Declined
     return text.encode("latin1")
 
 
@@ -434,58 +268,6 @@ _ATOMS: Final = frozenset(
 )
 _IN_PROGRESS: Final = object()
 
-# The opcodes torch's weights-only unpickler implements, with their argument: a fixed size, a
-# length prefix (negative: its size), two text lines, or none.
-_NO_ARG: Final = 0
-_LINES: Final = 100
-_STOP: Final = pickle.STOP[0]
-_ARGS: Final[dict[int, int]] = {
-    **dict.fromkeys(
-        (
-            op[0]
-            for op in (
-                pickle.APPEND,
-                pickle.APPENDS,
-                pickle.BINPERSID,
-                pickle.BUILD,
-                pickle.EMPTY_DICT,
-                pickle.EMPTY_LIST,
-                pickle.EMPTY_SET,
-                pickle.EMPTY_TUPLE,
-                pickle.MARK,
-                pickle.NEWFALSE,
-                pickle.NEWOBJ,
-                pickle.NEWTRUE,
-                pickle.NONE,
-                pickle.REDUCE,
-                pickle.SETITEM,
-                pickle.SETITEMS,
-                pickle.STOP,
-                pickle.TUPLE,
-                pickle.TUPLE1,
-                pickle.TUPLE2,
-                pickle.TUPLE3,
-            )
-        ),
-        _NO_ARG,
-    ),
-    pickle.PROTO[0]: 1,
-    pickle.BININT1[0]: 1,
-    pickle.BINPUT[0]: 1,
-    pickle.BINGET[0]: 1,
-    pickle.BININT2[0]: 2,
-    pickle.BININT[0]: 4,
-    pickle.LONG_BINPUT[0]: 4,
-    pickle.LONG_BINGET[0]: 4,
-    pickle.BINFLOAT[0]: 8,
-    pickle.LONG1[0]: -1,
-    pickle.SHORT_BINSTRING[0]: -1,
-    pickle.BINUNICODE[0]: -4,
-    pickle.GLOBAL[0]: _LINES,
-}
-_MEMO: Final = frozenset({pickle.LONG_BINPUT[0]})  # a one-byte index is harmless
-_ONE_BYTE_ARG: Final = frozenset(op for op, arg in _ARGS.items() if arg == 1)
-
 
 class _Resolver:
     """Replaces each :class:`_TensorRef` in an unpickled object by its tensor."""
@@ -502,7 +284,7 @@ class _Resolver:
         known = self.memo.get(id(obj))
         if known is not None:
             if known is _IN_PROGRESS:
-                raise _Declined  # a cycle through a tuple or frozenset
+                raise Declined  # a cycle through a tuple or frozenset
             return known
         if kind is _TensorRef:
             tensor = self.memo[id(obj)] = self._tensor(obj)
@@ -524,11 +306,11 @@ class _Resolver:
             obj.clear()
             obj.update(items)
             return obj
-        raise _Declined
+        raise Declined
 
     def _mapping(self, obj: dict[Any, Any]) -> dict[Any, Any]:
         if type(obj) is OrderedDict and obj.__dict__:
-            raise _Declined  # attributes set by BUILD: torch keeps them; rare enough to decline
+            raise Declined  # attributes set by BUILD: torch keeps them; rare enough to decline
         self.memo[id(obj)] = obj
         items = [(self.resolve(key), self.resolve(value)) for key, value in obj.items()]
         obj.clear()
