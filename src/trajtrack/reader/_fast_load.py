@@ -10,17 +10,18 @@ weights-only allow-list, and it builds the objects torch builds.
 
 How, with public, documented APIs only:
 
-* **The zip container** is parsed here from its end records and central directory
-  (``struct``, every offset and size bounds-checked). Only the layout ``torch.save`` writes is
-  taken: exactly its records (``data.pkl`` first, the constant ones with the values it writes:
-  ``byteorder`` ``little`` on a little-endian machine, ``version`` 3...), stored uncompressed,
-  one disk, zip64 end records agreeing with the classic one, no record marked a directory,
-  no names differing in case only. Anything else declines: torch's own reader refuses some of
-  it, and which of two records it would take is not this module's to guess.
-* **The pickle's opcodes** are scanned first: only those torch's weights-only unpickler
-  implements (protocol 2's subset), and no memo index beyond the pickle's length (the C
-  unpickler sizes its memo by the largest index: one ``LONG_BINPUT`` could make it allocate
-  gigabytes; torch's keeps a dict).
+* **The zip container** is parsed by :mod:`trajtrack.reader._torch_archive` from its end records
+  and central directory (``struct``, every offset and size bounds-checked). Only the layout
+  ``torch.save`` writes is taken: exactly its records (``data.pkl`` first, the constant ones
+  with the values it writes: ``byteorder`` ``little`` on a little-endian machine, ``version``
+  3...), stored uncompressed, one disk, zip64 end records agreeing with the classic one, no
+  record marked a directory, no names differing in case only. Anything else declines: torch's
+  own reader refuses some of it, and which of two records it would take is not this module's to
+  guess.
+* **The pickle's opcodes** are scanned first, by the same module: only those torch's
+  only unpickler implements (protocol 2's subset), and no memo index beyond the pickle's length
+  (the C unpickler sizes its memo by the largest index: one ``LONG_BINPUT`` could make it
+  allocate gigabytes; torch's keeps a dict).
 * **The pickle** is read by Python's C unpickler restricted as the :mod:`pickle` documentation
   describes ("Restricting Globals"): :meth:`pickle.Unpickler.find_class` answers from a fixed
   table and declines every other name, so no global outside the table is ever imported or
