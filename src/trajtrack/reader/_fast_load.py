@@ -19,9 +19,9 @@ How, with public, documented APIs only:
   own reader refuses some of it, and which of two records it would take is not this module's to
   guess.
 * **The pickle's opcodes** are scanned first, by the same module: only those torch's
-  weights-only unpickler implements (protocol 2's subset), and no memo index beyond the pickle's length
-  (the C unpickler sizes its memo by the largest index: one ``LONG_BINPUT`` could make it
-  allocate gigabytes; torch's keeps a dict).
+  weights-only unpickler implements (protocol 2's subset), and no memo index beyond the
+  pickle's length (the C unpickler sizes its memo by the largest index: one ``LONG_BINPUT``
+  could make it allocate gigabytes; torch's keeps a dict).
 * **The pickle** is read by Python's C unpickler restricted as the :mod:`pickle` documentation
   describes ("Restricting Globals"): :meth:`pickle.Unpickler.find_class` answers from a fixed
   table and declines every other name, so no global outside the table is ever imported or
