@@ -121,3 +121,25 @@ async def test_shard_members_read_in_spans_as_one_by_one(tmp_path: Path) -> None
         assert len({i.shard for i in infos}) == 2
         order = [infos[k] for k in (0, 1, 2, 6, 7, 3, 4, 5, 9, 8)]
         assert await run.read_many(order) == [await run.read_bytes(i) for i in order]
+
+
+async def test_a_dump_the_listing_refused_is_never_read(tmp_path: Path) -> None:
+    # A record naming one of trajtrack's own files as a dump: a path inside the run (the
+    # storage would open it), but not a dump's name, so the listing gives it a problem.
+    import json
+
+    from trajtrack.layouts.records import RECORDS_PREFIX
+
+    root = tmp_path / "run"
+    await _write(root, "files")
+    (root / ".trajtrack" / "own.pth").write_bytes(b"trajtrack's own file")
+    line = {"v": 1, "name": ".trajtrack/own", "path": ".trajtrack/own.pth", "size": 20}
+    line |= {"checksum": "crc32:0", "host": "h", "pid": 1, "rank": 0, "writer": "x", "time": 0}
+    (root / RECORDS_PREFIX / "planted-000000.jsonl").write_text(json.dumps(line) + "\n")
+    async with open_run(root) as run:
+        infos = await run.list()
+        got = dict(zip((i.path for i in infos), await run.read_many(infos), strict=True))
+    refused = got.pop(".trajtrack/own.pth")
+    assert isinstance(refused, StoragePermissionError)
+    assert "refusing to read" in str(refused)
+    assert len(got) == 6 and all(isinstance(data, bytes) for data in got.values())

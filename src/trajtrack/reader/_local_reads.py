@@ -19,7 +19,7 @@ from trajtrack.backends.local import translate
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._files import DirectoryReader, LocalFile, inside_run
 
-__all__ = ["read_local", "whole_member"]
+__all__ = ["check_readable", "read_local", "whole_member"]
 
 _SPAN_MAX: Final = 8 << 20  # the most read at once for a run of neighbouring members
 _GAP_MAX: Final = 64 << 10  # members further apart than this are read on their own
@@ -33,10 +33,7 @@ def read_local(url: str, root: str, infos: Sequence[DumpInfo]) -> list[bytes | E
     try:
         for index, info in enumerate(infos):
             try:
-                if info.problem is not None:
-                    raise StoragePermissionError(
-                        f"{url}: refusing to read {info.name!r}: {info.problem}"
-                    )
+                check_readable(url, info)
                 out.append(batch.read(index, info))
             except (StorageError, DumpLoadError) as exc:  # refused, missing, short shard
                 out.append(exc)
@@ -45,6 +42,12 @@ def read_local(url: str, root: str, infos: Sequence[DumpInfo]) -> list[bytes | E
     finally:
         batch.close()
     return out
+
+
+def check_readable(url: str, info: DumpInfo) -> None:
+    """Refuse a dump the listing found a problem with (its path would leave the run...)."""
+    if info.problem is not None:
+        raise StoragePermissionError(f"{url}: refusing to read {info.name!r}: {info.problem}")
 
 
 def whole_member(info: DumpInfo, data: bytes) -> bytes:

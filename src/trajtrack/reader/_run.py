@@ -26,14 +26,13 @@ from trajtrack._exceptions import (
     DumpLoadError,
     StorageError,
     StorageNotFoundError,
-    StoragePermissionError,
 )
 from trajtrack.backends import Storage, open_storage
 from trajtrack.backends.local import translated
 from trajtrack.reader._dumps import DumpInfo, RunListing, matches
 from trajtrack.reader._files import LocalFile, inside_run, local_file
 from trajtrack.reader._listing import scan_run
-from trajtrack.reader._local_reads import read_local, whole_member
+from trajtrack.reader._local_reads import check_readable, read_local, whole_member
 from trajtrack.reader._safe_load import load_dump_bytes, load_dump_file
 
 __all__ = ["DEFAULT_CONCURRENCY", "Run", "open_run"]
@@ -162,7 +161,7 @@ class Run:
             DumpLoadError: Its shard holds fewer bytes than the record says.
         """
         info = name if isinstance(name, DumpInfo) else await self.info(name)
-        _check_readable(self._url, info)
+        check_readable(self._url, info)
         storage = await self._opened()
         if info.shard is None:
             return await storage.read(info.path)
@@ -216,7 +215,7 @@ class Run:
             StoragePermissionError: The dump's path would leave the run.
         """
         info = name if isinstance(name, DumpInfo) else await self.info(name)
-        _check_readable(self._url, info)
+        check_readable(self._url, info)
         path = local_file(await self._opened(), info)
         if path is not None:  # torch reads the file itself: no copy of its bytes in between
             return await anyio.to_thread.run_sync(_load_file_sync, path, unsafe, info.name)
@@ -260,11 +259,6 @@ class Run:
 
 def _load_sync(data: bytes, unsafe: bool, where: str) -> Any:
     return load_dump_bytes(data, unsafe=unsafe, where=where)
-
-
-def _check_readable(url: str, info: DumpInfo) -> None:
-    if info.problem is not None:
-        raise StoragePermissionError(f"{url}: refusing to read {info.name!r}: {info.problem}")
 
 
 def _load_file_sync(file: LocalFile, unsafe: bool, where: str) -> Any:
