@@ -81,30 +81,61 @@ def decode(tree: Any) -> Any:
         raise UnportableError(f"malformed reply: {type(exc).__name__}: {exc}") from exc
 
 
-class _Encoder:
+_NOTHING: Any = object()
+
+
+class _Walk:
+    """A walk over a tree whose nodes may be shared and lists may hold cycles: each node is
+    turned into its counterpart once (``memo``, by id; ``alive`` keeps the originals so that
+    no id is reused meanwhile)."""
+
     def __init__(self) -> None:
         self.memo: dict[int, Any] = {}
-        self.alive: list[Any] = []  # the originals, so that no id is reused while encoding
+        self.alive: list[Any] = []
 
-    def __call__(self, obj: Any) -> Any:
-        kind = type(obj)
+    def __call__(self, node: Any) -> Any:
+        kind = type(node)
         if kind in _PLAIN:
-            return obj
-        name = _GLOBAL_NAMES.get(id(obj))
-        if name is not None and _GLOBALS[name] is obj:
-            return {TAG: "global", "name": name}
-        key = id(obj)
+            return node
+        early = self._early(node)
+        if early is not _NOTHING:
+            return early
+        key = id(node)
         if key in self.memo:
             return self.memo[key]
-        self.alive.append(obj)
-        if kind is list:
+        self.alive.append(node)
+        if kind is list or kind is tuple:
+            return self._sequence(node, key)
+        return self._node(node, kind, key)
+
+    def _early(self, node: Any) -> Any:
+        """What *node* becomes without the memo, or ``_NOTHING``."""
+        return _NOTHING
+
+    def _node(self, node: Any, kind: type, key: int) -> Any:
+        """What a node that is not plain data, a list or a tuple becomes (memoized by id)."""
+        raise NotImplementedError
+
+    def _sequence(self, node: list[Any] | tuple[Any, ...], key: int) -> Any:
+        """A list (memoized first: a cycle through it comes back to it) or a tuple (memoized
+        after its items, unless a cycle through a list already did), its items walked."""
+        if type(node) is list:
             items: list[Any] = []
             self.memo[key] = items
-            items.extend(self(item) for item in obj)
+            items.extend(self(item) for item in node)
             return items
-        if kind is tuple:
-            encoded = tuple(self(item) for item in obj)
-            return self.memo.setdefault(key, encoded)  # a cycle through a list memoized it
+        walked = tuple(self(item) for item in node)
+        return self.memo.setdefault(key, walked)
+
+
+class _Encoder(_Walk):
+    def _early(self, node: Any) -> Any:
+        name = _GLOBAL_NAMES.get(id(node))
+        if name is not None and _GLOBALS[name] is node:
+            return {TAG: "global", "name": name}
+        return _NOTHING
+
+    def _node(self, obj: Any, kind: type, key: int) -> Any:
         if kind in (dict, collections.OrderedDict, collections.Counter):
             return self._mapping(obj, key)
         if kind is set:
@@ -180,27 +211,8 @@ class _Encoder:
         return tagged
 
 
-class _Decoder:
-    def __init__(self) -> None:
-        self.memo: dict[int, Any] = {}
-        self.alive: list[Any] = []
-
-    def __call__(self, node: Any) -> Any:
-        kind = type(node)
-        if kind in _PLAIN:
-            return node
-        key = id(node)
-        if key in self.memo:
-            return self.memo[key]
-        self.alive.append(node)
-        if kind is list:
-            items: list[Any] = []
-            self.memo[key] = items
-            items.extend(self(item) for item in node)
-            return items
-        if kind is tuple:
-            decoded = tuple(self(item) for item in node)
-            return self.memo.setdefault(key, decoded)
+class _Decoder(_Walk):
+    def _node(self, node: Any, kind: type, key: int) -> Any:
         if kind is dict and TAG in node:
             return self._tagged(node, key)
         if kind in (dict, collections.OrderedDict, collections.Counter):
