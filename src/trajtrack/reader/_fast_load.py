@@ -86,11 +86,20 @@ def fast_load(data: bytes, *, build: bool = True) -> Any:
     """
     try:
         return _load(data, build)
-    except (Declined, pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError):
+    except (
+        Declined,
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,  # UnicodeDecodeError included
+        TypeError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        OverflowError,
+        RuntimeError,  # RecursionError (deep nesting), torch's bounds checks
+        MemoryError,  # a length in a damaged pickle too large to allocate
+    ):
         return DECLINED
-    except (RuntimeError, AttributeError, IndexError, OverflowError, MemoryError):
-        return DECLINED  # e.g. RecursionError (deep nesting), torch's bounds checks, a length
-        # in a damaged pickle too large to allocate
 
 
 def _load(data: bytes, build: bool) -> Any:

@@ -23,8 +23,7 @@ def archive_records(data: bytes) -> tuple[dict[str, tuple[int, int]], str, int]:
     """``(records, prefix, limit)`` of the torch archive *data*: each record's local header
     offset and length by name, the records' folder (``"archive/"``), and where the central
     directory starts (no record's data goes past it)."""
-    records = _records(data)
-    limit = _END.unpack_from(data, len(data) - _END.size)[6]
+    records, limit = _records(data)
     prefix = next(iter(records)).partition("/")[0] + "/"
     _check_records(data, records, prefix, limit)
     return records, prefix, limit
@@ -107,8 +106,9 @@ def check_opcodes(pickled: bytes) -> None:
     raise Declined  # no STOP
 
 
-def _records(data: bytes) -> dict[str, tuple[int, int]]:
-    """``name -> (local header offset, length)`` of each record of the zip archive *data*."""
+def _records(data: bytes) -> tuple[dict[str, tuple[int, int]], int]:
+    """``name -> (local header offset, length)`` of each record of the zip archive *data*,
+    and where its central directory starts."""
     end = len(data) - _END.size
     if end < 0:
         raise Declined
@@ -142,7 +142,7 @@ def _records(data: bytes) -> dict[str, tuple[int, int]]:
         records[key] = (local, size)
     if len({key.lower() for key in records}) != len(records):
         raise Declined  # names that differ in case only (zip readers may match either)
-    return records
+    return records, cd_offset
 
 
 def _check_zip64_end(data: bytes, end: int, total: int, cd_size: int, cd_offset: int) -> None:
