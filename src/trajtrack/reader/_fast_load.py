@@ -60,6 +60,7 @@ import torch
 
 from trajtrack.reader._torch_archive import (
     Declined,
+    archive_pickle,
     archive_records,
     check_opcodes,
     member,
@@ -67,7 +68,7 @@ from trajtrack.reader._torch_archive import (
 )
 from trajtrack.tracker._archive import REBUILD_V2, REBUILD_V3, V2_STORAGES
 
-__all__ = ["DECLINED", "fast_load"]
+__all__ = ["DECLINED", "fast_load", "only_default_globals"]
 
 DECLINED: Final = object()
 """What :func:`fast_load` returns for what it does not load (``torch.load`` must)."""
@@ -76,33 +77,34 @@ DECLINED: Final = object()
 _LITTLE: Final = sys.byteorder == "little"
 
 
-def fast_load(data: bytes, *, build: bool = True) -> Any:
-    """The object in torch archive *data*, or :data:`DECLINED` (blocking; thread-safe).
-
-    Args:
-        data: The bytes of a ``torch.save`` archive.
-        build: Build the tensors (false: only check that the archive would load here; the
-            return value is then ``None`` or :data:`DECLINED`).
-    """
+def fast_load(data: bytes) -> Any:
+    """The object in torch archive *data*, or :data:`DECLINED` (blocking; thread-safe)."""
     try:
-        return _load(data, build)
-    except (
-        Declined,
-        pickle.UnpicklingError,
-        EOFError,
-        ValueError,  # UnicodeDecodeError included
-        TypeError,
-        KeyError,
-        IndexError,
-        AttributeError,
-        OverflowError,
-        RuntimeError,  # RecursionError (deep nesting), torch's bounds checks
-        MemoryError,  # a length in a damaged pickle too large to allocate
-    ):
+        return _load(data)
+    except _DECLINES:
         return DECLINED
 
 
-def _load(data: bytes, build: bool) -> Any:
+def only_default_globals(data: bytes) -> bool:
+    """Whether torch archive *data* is one whose pickle names only globals of the table (all
+    on torch's default weights-only list): a scan of its opcodes, nothing unpickled or built.
+
+    ``False`` says nothing (a name outside the table, an opcode outside torch's set, an
+    archive this module does not parse): torch's own static check must then decide. ``diff``
+    asks it of byte-identical pairs, which need no loading, only the refusal a load would
+    give.
+    """
+    names: list[bytes] = []
+    try:
+        if not _LITTLE:
+            return False
+        check_opcodes(archive_pickle(data), names)
+    except _DECLINES:
+        return False
+    return _GLOBAL_LINES.issuperset(names)
+
+
+def _load(data: bytes) -> Any:
     if not _LITTLE:
         raise Declined
     records, prefix, limit = archive_records(data)
@@ -113,11 +115,24 @@ def _load(data: bytes, build: bool) -> Any:
     unpickler.limit = limit
     unpickler.storages, unpickler.tensors = {}, 0
     obj = unpickler.load()
-    if not build:
-        return None
     if not unpickler.tensors:
         return obj
     return _Resolver(data).resolve(obj)
+
+
+_DECLINES: Final = (
+    Declined,
+    pickle.UnpicklingError,
+    EOFError,
+    ValueError,  # UnicodeDecodeError included
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    OverflowError,
+    RuntimeError,  # RecursionError (deep nesting), torch's bounds checks
+    MemoryError,  # a length in a damaged pickle too large to allocate
+)
 
 
 class _StorageType:
@@ -273,6 +288,7 @@ def _globals() -> dict[tuple[str, str], Any]:
 
 
 _GLOBALS: Final = _globals()
+_GLOBAL_LINES: Final = frozenset(f"{module}\n{name}\n".encode() for module, name in _GLOBALS)
 _ATOMS: Final = frozenset(
     {str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device, torch.Size}
 )

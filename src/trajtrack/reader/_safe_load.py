@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from trajtrack._exceptions import DumpLoadError, UnsafeLoadError
-from trajtrack.reader._fast_load import DECLINED, fast_load
+from trajtrack.reader._fast_load import DECLINED, fast_load, only_default_globals
 
 __all__ = [
     "allow_in_this_process",
@@ -169,8 +169,8 @@ def check_loadable(
     """
     if unsafe:
         return
-    if isinstance(source, bytes) and fast_load(source, build=False) is not DECLINED:
-        return  # what the fast loader loads, torch's default allow-list loads
+    if isinstance(source, bytes) and only_default_globals(source):
+        return  # torch's default allow-list has every global it names
     loadable = source if isinstance(source, bytes) else os.fspath(source)
     try:
         found = torch.serialization.get_unsafe_globals_in_checkpoint(_file(loadable))

@@ -12,7 +12,14 @@ import pickle
 import struct
 from typing import Final
 
-__all__ = ["Declined", "archive_records", "check_opcodes", "member", "member_start"]
+__all__ = [
+    "Declined",
+    "archive_pickle",
+    "archive_records",
+    "check_opcodes",
+    "member",
+    "member_start",
+]
 
 
 class Declined(Exception):
@@ -24,9 +31,20 @@ def archive_records(data: bytes) -> tuple[dict[str, tuple[int, int]], str, int]:
     offset and length by name, the records' folder (``"archive/"``), and where the central
     directory starts (no record's data goes past it)."""
     records, limit = _records(data)
-    prefix = next(iter(records)).partition("/")[0] + "/"
+    prefix = _prefix(records)
     _check_records(data, records, prefix, limit)
     return records, prefix, limit
+
+
+def archive_pickle(data: bytes) -> bytes:
+    """The pickle (``data.pkl``) of the torch archive *data*, found through the bounds-checked
+    central directory; the other records are not checked."""
+    records, limit = _records(data)
+    return member(data, records, _prefix(records) + "data.pkl", limit)
+
+
+def _prefix(records: dict[str, tuple[int, int]]) -> str:
+    return next(iter(records)).partition("/")[0] + "/"
 
 
 _END: Final = struct.Struct("<IHHHHIIH")
@@ -77,10 +95,13 @@ def _check_records(
         raise Declined
 
 
-def check_opcodes(pickled: bytes) -> None:
+def check_opcodes(pickled: bytes, names: list[bytes] | None = None) -> None:
     """Decline a pickle with an opcode torch's weights-only unpickler does not implement, or
     a memo index beyond its length: the C unpickler sizes its memo by the largest index, so
-    one ``LONG_BINPUT`` could make it allocate gigabytes (torch's keeps a dict)."""
+    one ``LONG_BINPUT`` could make it allocate gigabytes (torch's keeps a dict).
+
+    *names*: where to collect the argument of each ``GLOBAL`` (``b"module\\nname\\n"``), the
+    only opcode of the set that names a global."""
     size = len(pickled)
     at = 0
     while at < size:
@@ -96,7 +117,10 @@ def check_opcodes(pickled: bytes) -> None:
             if opcode == _STOP:
                 return
         elif arg == _LINES:  # GLOBAL: module and name, each up to a newline
-            at = pickled.index(b"\n", pickled.index(b"\n", at) + 1) + 1
+            end = pickled.index(b"\n", pickled.index(b"\n", at) + 1) + 1
+            if names is not None:
+                names.append(pickled[at:end])
+            at = end
         elif arg < 0:  # a length of -arg bytes, then that many bytes
             at += -arg + int.from_bytes(pickled[at : at - arg], "little")
         else:
