@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import trajtrack.reader._diff as diff_module
+from trajtrack import Tracker
 from trajtrack.reader import diff_runs, open_run
 from trajtrack.reader._files import same_contents
 from trajtrack.reader._readahead import ReadAhead
+from trajtrack.reader._run import Run
 
 
 @pytest.mark.parametrize(
@@ -131,3 +133,36 @@ async def test_small_local_pairs_compared_in_batches_keep_their_own_outcomes(
     assert set(status.values()) == {"equal"}
     assert sorted(hops) == [2, 4, 4]
     assert progress[-1] == (10, 10)
+
+
+@pytest.mark.parametrize("layout", ["files", "shards"])
+async def test_small_pairs_are_read_in_dump_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    # Neighbours in a batch: one directory opened, shard members fetched together.
+    names = [f"step{i // 40}/s{(i * 7) % 40}" for i in range(150)]  # not in name order
+    for run in ("a", "b"):
+        async with Tracker(tmp_path / run, layout=layout) as tracker:  # type: ignore[arg-type]
+            for name in names:
+                await tracker.dump({"x": torch.ones(4)}, name)
+    requested: list[str] = []
+    real = Run.blocking_reader
+
+    def recording(self: Run) -> Any:
+        read = real(self)
+        assert read is not None
+
+        def reading(infos: Any) -> Any:
+            if self.url.endswith("a"):
+                requested.extend(info.name for info in infos)
+            return read(infos)
+
+        return reading
+
+    monkeypatch.setattr(Run, "blocking_reader", recording)
+    run_a = open_run(tmp_path / "a")
+    result = await diff_runs(run_a, open_run(tmp_path / "b"))
+    assert result.equal
+    in_dump_order = [info.name for info in await run_a.list()]
+    assert sorted(in_dump_order) != in_dump_order  # dump order is not name order here
+    assert requested == in_dump_order

