@@ -22,6 +22,12 @@ started here unless ``--cluster-dir`` names a running one; ``--no-hdfs`` skips i
 of 200 dumps (``--quick``: 50) of 1 MB written through the WebHDFS backend, the storage's
 parallel read of two of them against ``diff`` of identical and of all-different runs.
 
+Then the small-dump case (issue 16): runs of 20,000 dumps of 4 KB (``--quick``: 2,000;
+``--small-dumps N``; ``--no-small`` skips it), files and shards layouts, ``diff`` of identical
+and of all-different runs and ``verify`` against one thread reading the same files with
+``open().read()``, measured by ``bench_small_reads.py``'s code (``--small-data DIR`` keeps the
+runs); the process is set up as the ``trajtrack`` command sets up its own.
+
 Prints a table and writes ``benchmarks/results/diff.json`` (``--json`` elsewhere). The goal:
 diff >= 50% of the raw storage read bandwidth. ``--data DIR`` and ``--hdfs-data NAME`` keep the
 runs written there and reuse them in later calls (``benchmarks/compare_revisions.py`` measures
@@ -54,6 +60,7 @@ from trajtrack.layouts.names import is_internal_path
 from trajtrack.reader import gather_bounded
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import bench_small_reads
 from benchmarks._common import cluster_env, with_hdfs_cluster
 
 RESULTS = Path(__file__).parent / "results" / "diff.json"
@@ -291,6 +298,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cluster-dir", type=Path, help="reuse a running HDFS test cluster")
     parser.add_argument("--hdfs-data", help="reuse (or write once) the HDFS runs in this folder")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-cache figures")
+    parser.add_argument(
+        "--small-dumps", type=int, default=None, help="4 KB dumps per run (default 20,000)"
+    )
+    parser.add_argument("--no-small", action="store_true", help="skip the small-dump case")
+    parser.add_argument("--small-data", type=Path, help="keep (and reuse) the small runs here")
     parser.add_argument("--json", type=Path, default=RESULTS, help="where to write the results")
     return parser.parse_args()
 
@@ -320,12 +332,32 @@ def main() -> int:
             args.cluster_dir,
             args.quick,
         )
+    small = None if args.no_small else measure_small(args)
     report = {**measured, "hdfs": hdfs, "dumps_per_run": dumps, "dump_bytes": size}
+    report["small_dumps"] = small
     print_report(report, args.repeat)
+    if small is not None:
+        bench_small_reads.print_report(small)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.json}")
     return 0
+
+
+def measure_small(args: argparse.Namespace) -> dict[str, Any]:
+    """The small-dump rows of both layouts (``bench_small_reads.py``'s measurements)."""
+    bench_small_reads.prepare_process()
+    dumps = args.small_dumps or (2000 if args.quick else 20000)
+    data = args.small_data or Path(tempfile.mkdtemp(prefix="bench-diff-small-", dir=args.dir))
+    data.mkdir(parents=True, exist_ok=True)
+    try:
+        report: dict[str, Any] = {"dumps": dumps, "repeat": args.repeat}
+        for layout in bench_small_reads.LAYOUTS:
+            report[layout] = bench_small_reads.measure_layout(data, dumps, layout, args.repeat)
+    finally:
+        if args.small_data is None:
+            shutil.rmtree(data, ignore_errors=True)
+    return report
 
 
 def measure_local(a: Path, b: Path, c: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -174,10 +174,15 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def prepare_process() -> None:
+    """What the ``trajtrack`` command does to its process before it reads runs."""
+    torch.set_num_threads(1)
+    allow_in_this_process()
+
+
 def main() -> int:
     args = parse_args()
-    torch.set_num_threads(1)  # as the trajtrack command does
-    allow_in_this_process()  # as the trajtrack command does
+    prepare_process()
     dumps = args.dumps or (2000 if args.quick else 20000)
     data = args.data or Path(tempfile.mkdtemp(prefix="bench-small-reads-"))
     data.mkdir(parents=True, exist_ok=True)

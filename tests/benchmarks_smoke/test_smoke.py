@@ -132,3 +132,34 @@ def test_small_reads_benchmark_smoke_run(tmp_path: Path) -> None:
         counts = result[layout]["counts"]
         assert counts["identical"]["equal"] == 60 and counts["different"]["different"] == 60
         assert counts["verify"] == {"ok": 60}
+
+
+def test_diff_benchmark_has_the_small_dump_case(tmp_path: Path) -> None:
+    done = run_benchmark(
+        tmp_path,
+        "bench_diff.py",
+        "--dumps",
+        "4",
+        "--size-mb",
+        "0.05",
+        "--repeat",
+        "1",
+        "--no-hdfs",
+        "--no-cold",
+        "--small-dumps",
+        "40",
+        "--dir",
+        str(tmp_path),
+        "--json",
+        str(tmp_path / "diff.json"),
+    )
+    assert "files layout: 40 dumps of 4 KB per run" in done.stdout
+    small = json.loads((tmp_path / "diff.json").read_text())["small_dumps"]
+    for layout in ("files", "shards"):
+        counts = small[layout]["counts"]
+        assert counts["identical"]["equal"] == 40 and counts["different"]["different"] == 40
+        assert set(small[layout]["ratios"]) == {
+            "diff, identical runs",
+            "diff, every dump differs",
+            "verify",
+        }
