@@ -201,5 +201,8 @@ def parse_temp_path(path: str) -> tuple[str, int] | None:
 
 
 def is_internal_path(path: str) -> bool:
-    """True for trajtrack's own files (temporary files, records): never a dump."""
-    return any(part.startswith(".") for part in path.split("/"))
+    """True for trajtrack's own files (temporary files, records): never a dump.
+
+    That is, some ``/``-separated part of *path* starts with ``.``: the first part, or one
+    after a ``/`` (two string searches instead of a split; a listing asks it of every file)."""
+    return path.startswith(".") or "/." in path

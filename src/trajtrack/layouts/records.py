@@ -75,18 +75,20 @@ class DumpRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DumpRecord:
-        return cls(
-            name=str(data["name"]),
-            path=str(data["path"]),
-            size=int(data["size"]),
-            checksum=str(data["checksum"]),
-            host=str(data.get("host", "")),
-            pid=int(data.get("pid", 0)),
-            rank=int(data.get("rank", 0)),
-            writer=str(data.get("writer", "")),
-            time=float(data.get("time", 0.0)),
-            shard=None if data.get("shard") is None else str(data["shard"]),
-            offset=None if data.get("offset") is None else int(data["offset"]),
+        get = data.get
+        shard, offset = get("shard"), get("offset")
+        return cls(  # positional, in field order: a listing makes one per record line
+            str(data["name"]),
+            str(data["path"]),
+            int(data["size"]),
+            str(data["checksum"]),
+            str(get("host", "")),
+            int(get("pid", 0)),
+            int(get("rank", 0)),
+            str(get("writer", "")),
+            float(get("time", 0.0)),
+            None if shard is None else str(shard),
+            None if offset is None else int(offset),
         )
 
 
@@ -123,7 +125,7 @@ def decode_segment(data: bytes) -> tuple[list[DumpRecord], int]:
     for item in parsed:
         try:
             records.append(DumpRecord.from_json(item))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):  # AttributeError: not a dict
             bad += 1
     return records, bad
 

@@ -119,21 +119,21 @@ def _from_record(
         stored = None if shard is None else _held(shard.size, record.offset or 0, record.size)
         if problem is None and shard is not None and shard.outside:
             problem = _OUTSIDE
-    return DumpInfo(
-        name=record.name,
-        path=record.path,
-        size=record.size,
-        checksum=record.checksum,
-        writer=record.writer,
-        host=record.host,
-        pid=record.pid,
-        rank=record.rank,
-        time=record.time,
-        recorded=True,
-        stored_size=stored,
-        shard=record.shard,
-        offset=record.offset,
-        problem=problem,
+    return DumpInfo(  # positional, in field order: one per recorded dump
+        record.name,
+        record.path,
+        record.size,
+        record.checksum,
+        record.writer,
+        record.host,
+        record.pid,
+        record.rank,
+        record.time,
+        True,  # recorded
+        stored,
+        record.shard,
+        record.offset,
+        problem,
     )
 
 
