@@ -12,6 +12,7 @@ import os
 import pickle
 import random
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,29 @@ def test_a_second_pickle_record_fails_the_scan() -> None:
         PLAIN, lambda name, body: [body, hostile] if name.endswith("/data.pkl") else body
     )
     assert not only_default_globals(doubled)
+
+
+@pytest.mark.parametrize("other", ["ARCHIVE/DATA.PKL", "elsewhere/data.pkl", "archive/Data.pkl"])
+def test_another_record_a_lookup_could_take_for_the_pickle_fails_the_scan(other: str) -> None:
+    # torch's reader looks up <folder>/data.pkl ignoring ASCII case; the scan reads only the
+    # first record, so any other record named like a pickle declines, wherever it lies.
+    hostile = pickle.PROTO + b"\x02" + pickle.GLOBAL + b"posix\nsystem\n" + pickle.STOP
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(PLAIN)) as source, zipfile.ZipFile(out, "w") as target:
+        for record in source.infolist():
+            target.writestr(record.filename, source.read(record))
+        target.writestr(other, hostile)
+    assert not only_default_globals(out.getvalue())
+
+
+def test_the_first_record_must_be_the_pickle() -> None:
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(PLAIN)) as source, zipfile.ZipFile(out, "w") as target:
+        records = source.infolist()
+        for record in records[1:] + records[:1]:  # data.pkl last
+            target.writestr(record.filename, source.read(record))
+    assert torch_finds_unsafe(out.getvalue()) == []  # torch still finds and reads it
+    assert not only_default_globals(out.getvalue())  # the scan does not look for it
 
 
 def test_python2_names_the_unpickler_would_map_fail_the_scan() -> None:

@@ -37,10 +37,22 @@ def archive_records(data: bytes) -> tuple[dict[str, tuple[int, int]], str, int]:
 
 
 def archive_pickle(data: bytes) -> bytes:
-    """The pickle (``data.pkl``) of the torch archive *data*, found through the bounds-checked
-    central directory; the other records are not checked."""
-    records, limit = _records(data)
-    return member(data, records, _prefix(records) + "data.pkl", limit)
+    """The pickle of the torch archive *data*, its first record, without parsing the others.
+
+    Declined unless that record is ``<folder>/data.pkl`` and the only one of the central
+    directory whose name holds ``/data.pkl`` in any letter case: it is then the record
+    torch's reader looks up (``<first record's folder>/data.pkl``, ASCII case ignored),
+    whatever the other records are.
+    """
+    cd_offset, cd_end, _ = _directory(data)
+    if data[cd_offset:cd_end].lower().count(b"/data.pkl") != 1:
+        raise Declined
+    local, size, name, _ = _central_entry(data, cd_offset, cd_end)
+    folder, _, tail = name.partition("/")
+    if not folder or tail != "data.pkl" or local >= cd_offset:
+        raise Declined
+    start = member_start(data, local, size, cd_offset)
+    return data[start : start + size]
 
 
 def _prefix(records: dict[str, tuple[int, int]]) -> str:
@@ -133,6 +145,22 @@ def check_opcodes(pickled: bytes, names: list[bytes] | None = None) -> None:
 def _records(data: bytes) -> tuple[dict[str, tuple[int, int]], int]:
     """``name -> (local header offset, length)`` of each record of the zip archive *data*,
     and where its central directory starts."""
+    cd_offset, cd_end, total = _directory(data)
+    records: dict[str, tuple[int, int]] = {}
+    position = cd_offset
+    for _ in range(total):
+        local, size, key, position = _central_entry(data, position, cd_end)
+        if local >= cd_offset or key in records:
+            raise Declined  # a record twice: which one torch's reader would take is not ours
+        records[key] = (local, size)
+    if len({key.lower() for key in records}) != len(records):
+        raise Declined  # names that differ in case only (zip readers may match either)
+    return records, cd_offset
+
+
+def _directory(data: bytes) -> tuple[int, int, int]:
+    """Where the central directory of the zip archive *data* starts and ends, and its number
+    of records, as the end records say (checked against each other and the data's length)."""
     end = len(data) - _END.size
     if end < 0:
         raise Declined
@@ -145,28 +173,26 @@ def _records(data: bytes) -> tuple[dict[str, tuple[int, int]], int]:
     if not total or cd_end > end or cd_size < total * _CENTRAL_SIZE:
         raise Declined
     _check_zip64_end(data, end, total, cd_size, cd_offset)
-    records: dict[str, tuple[int, int]] = {}
-    position = cd_offset
-    unpack, fixed = _CENTRAL.unpack_from, _CENTRAL.size
-    for _ in range(total):
-        if position + fixed > cd_end:
-            raise Declined
-        fields = unpack(data, position)
-        signature, flags, method, packed, size, name_len, extra_len, comment_len = fields[:8]
-        start_disk, external, local = fields[8], fields[10], fields[11]
-        if signature != _CENTRAL_SIGNATURE or method or flags & ~_FLAGS or packed != size:
-            raise Declined  # compressed, encrypted, or sizes in a zip64 field
-        if start_disk or extra_len or comment_len or external & _DOS_DIRECTORY:
-            raise Declined  # a record marked as a directory: zip readers take it for one
-        name = data[position + fixed : position + fixed + name_len]
-        position += fixed + name_len + extra_len + comment_len
-        key = name.decode()
-        if local >= cd_offset or key in records:
-            raise Declined  # a record twice: which one torch's reader would take is not ours
-        records[key] = (local, size)
-    if len({key.lower() for key in records}) != len(records):
-        raise Declined  # names that differ in case only (zip readers may match either)
-    return records, cd_offset
+    return cd_offset, cd_end, total
+
+
+def _central_entry(data: bytes, position: int, cd_end: int) -> tuple[int, int, str, int]:
+    """``(local header offset, length, name, where the next entry starts)`` of the central
+    directory entry at *position*."""
+    fixed = _CENTRAL.size
+    if position + fixed > cd_end:
+        raise Declined
+    fields = _CENTRAL.unpack_from(data, position)
+    signature, flags, method, packed, size, name_len, extra_len, comment_len = fields[:8]
+    start_disk, external, local = fields[8], fields[10], fields[11]
+    if signature != _CENTRAL_SIGNATURE or method or flags & ~_FLAGS or packed != size:
+        raise Declined  # compressed, encrypted, or sizes in a zip64 field
+    if start_disk or extra_len or comment_len or external & _DOS_DIRECTORY:
+        raise Declined  # a record marked as a directory: zip readers take it for one
+    name_end = position + fixed + name_len
+    if name_end > cd_end:
+        raise Declined
+    return local, size, data[position + fixed : name_end].decode(), name_end
 
 
 def _check_zip64_end(data: bytes, end: int, total: int, cd_size: int, cd_offset: int) -> None:
