@@ -32,13 +32,14 @@ Prints a table and writes ``benchmarks/results/diff.json`` (``--json`` elsewhere
 diff >= 50% of the raw storage read bandwidth. ``--data DIR`` and ``--hdfs-data NAME`` keep the
 runs written there and reuse them in later calls (``benchmarks/compare_revisions.py`` measures
 two revisions of trajtrack on the same files that way). "Read once" counts, per file, the
-storage's ``read`` calls plus the local paths it handed out (a reader given a file's local path
-opens the file itself).
+storage's ``read`` calls plus the local opens of the reader (``counting_local_reads``: a
+large pair compared in place, a batch of small dumps read by one thread).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -47,6 +48,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -57,7 +59,8 @@ import torch
 import trajtrack
 from trajtrack.backends import open_storage
 from trajtrack.layouts.names import is_internal_path
-from trajtrack.reader import gather_bounded
+from trajtrack.reader import _diff as diff_module, gather_bounded
+from trajtrack.reader._files import LocalFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import bench_small_reads
@@ -68,17 +71,15 @@ COMPLETE = "bench-data-complete"  # written last into a reusable data directory
 
 
 class CountingStorage:
-    """Wraps a storage and counts, per path, the reads and the local paths handed out.
+    """Wraps a storage and counts, per path, the reads through it (``read``, ``read_range``).
 
-    A reader that gets a file's local path (``local_path``, where the storage has it) opens the
-    file itself instead of calling ``read``: that is its one access to the file.
+    A reader of a local run opens the files itself (pairs of large files compared in place,
+    batches of small ones read by one thread): :func:`counting_local_reads` counts those.
     """
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.reads: Counter[str] = Counter()
-        if hasattr(inner, "local_path"):
-            self.local_path = self._local_path
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -87,11 +88,45 @@ class CountingStorage:
         self.reads[path] += 1
         return await self.inner.read(path)
 
-    def _local_path(self, path: str) -> str | None:
-        local: str | None = self.inner.local_path(path)
-        if local is not None:  # the reader will open the file itself instead of reading it
-            self.reads[path] += 1
-        return local
+    async def read_range(self, path: str, offset: int, length: int) -> bytes:
+        self.reads[path] += 1
+        return await self.inner.read_range(path, offset, length)
+
+
+@contextlib.contextmanager
+def counting_local_reads(roots: dict[str, str]) -> Iterator[Counter[str]]:
+    """Counts, as ``"<key>/<path>"`` (*roots*: key -> run root), each local file a diff opens:
+    a large pair's two files (``inside_run``), a small batch's dumps (``Run.blocking_reader``)."""
+    opened: Counter[str] = Counter()
+    keys = {os.path.realpath(root): key for key, root in roots.items()}
+    real_inside, real_reader = diff_module.inside_run, trajtrack.Run.blocking_reader
+
+    def key_of(root: str) -> str:
+        return keys.get(os.path.realpath(root), "?")
+
+    def inside_run(file: LocalFile, where: str) -> str:
+        opened[f"{key_of(file.root)}/{file.relative}"] += 1
+        return real_inside(file, where)
+
+    def blocking_reader(run: trajtrack.Run) -> Any:
+        read = real_reader(run)
+        if read is None:
+            return None
+        key = key_of(run.url)
+
+        def reading(infos: Any) -> Any:
+            opened.update(f"{key}/{info.path}" for info in infos)
+            return read(infos)
+
+        return reading
+
+    diff_module.inside_run = inside_run  # type: ignore[assignment]
+    trajtrack.Run.blocking_reader = blocking_reader  # type: ignore[method-assign]
+    try:
+        yield opened
+    finally:
+        diff_module.inside_run = real_inside  # type: ignore[assignment]
+        trajtrack.Run.blocking_reader = real_reader  # type: ignore[method-assign]
 
 
 async def write_run(
@@ -152,14 +187,16 @@ async def diff_urls(a: str, b: str, concurrency: int) -> tuple[float, Any, Count
     try:
         run_a = trajtrack.Run(a, storage=sa, concurrency=concurrency)
         run_b = trajtrack.Run(b, storage=sb, concurrency=concurrency)
-        started = time.perf_counter()
-        result = await trajtrack.diff_runs(run_a, run_b)
-        elapsed = time.perf_counter() - started
+        with counting_local_reads({"a": a, "b": b}) as opened:
+            started = time.perf_counter()
+            result = await trajtrack.diff_runs(run_a, run_b)
+            elapsed = time.perf_counter() - started
     finally:
         await sa.inner.aclose()
         await sb.inner.aclose()
     reads = Counter({f"a/{k}": v for k, v in sa.reads.items() if k.endswith(".pth")})
     reads.update({f"b/{k}": v for k, v in sb.reads.items() if k.endswith(".pth")})
+    reads.update({k: v for k, v in opened.items() if k.endswith(".pth")})
     return elapsed, result, reads
 
 
