@@ -6,7 +6,9 @@ Every figure is measured in one run, side by side with its baseline:
   (sync shim) and plain synchronous ``torch.save(obj, path)``;
 * end-to-end throughput to local disk (until everything is committed) next to the raw bound of
   the same work done inline: ``torch.save`` to a temp file + rename in a tight loop, and for
-  large payloads a ``dd``-style write of the same bytes;
+  large payloads a ``dd``-style write of the same bytes; each writer three times
+  (``--rounds``), alternated, medians reported (write rates on a VM's disk swing by 2x within
+  minutes, so one measurement of each, seconds apart, can show any ratio);
 * the lag of a 1 ms ticker task while 256 MB payloads are dumped, trajtrack against the naive
   design (``to_thread(torch.save -> BytesIO)`` then a file write);
 * peak RSS while 2 GB of dumps are offered to a deliberately slow storage with
@@ -22,6 +24,7 @@ import argparse
 import asyncio
 import io
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -165,7 +168,17 @@ def throughput_raw_bytes(data: bytes, n: int, root: Path) -> float:
     return time.perf_counter() - start
 
 
-def bench_throughput(quick: bool, scratch: Path) -> dict[str, Any]:
+_WRITER_LABELS = {
+    "tracker": "trajtrack (4 workers)",
+    "inline": "inline torch.save+rename",
+    "raw": "raw write of same bytes",
+}
+
+
+def bench_throughput(quick: bool, scratch: Path, rounds: int = 3) -> dict[str, Any]:
+    """Each writer *rounds* times, alternated (the order reversed every other round), so that
+    the disk's state on this VM, which swings write rates by 2x within minutes, reaches every
+    writer alike; medians are reported, with each round's tracker ratio."""
     plan = {"4KB": 3000, "1MB": 300, "16MB": 40, "256MB": 4}
     if quick:
         plan = {"4KB": 300, "1MB": 30, "16MB": 4, "256MB": 1}
@@ -177,39 +190,53 @@ def bench_throughput(quick: bool, scratch: Path) -> dict[str, Any]:
         torch.save(obj, buffer)
         data = buffer.getvalue()
         mb = len(data) * n / 1e6
-        times: dict[str, float] = {}
-        for kind in ("inline", "tracker", "raw") if size != "4KB" else ("tracker", "inline"):
-            root = scratch / f"tp-{size}-{kind}"
-            if kind == "tracker":
-                times[kind] = asyncio.run(throughput_tracker(obj, n, root, workers=4))
-            elif kind == "inline":
-                times[kind] = throughput_inline(obj, n, root)
-            else:
-                times[kind] = throughput_raw_bytes(data, n, root)
-            subprocess.run(["rm", "-rf", str(root)], check=True)
+        kinds = ("inline", "tracker", "raw") if size != "4KB" else ("tracker", "inline")
+        measured: dict[str, list[float]] = {kind: [] for kind in kinds}
+        for round_ in range(rounds):
+            for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
+                measured[kind].append(_one_throughput(kind, obj, data, n, scratch / f"tp-{size}"))
+        times = {kind: statistics.median(seconds) for kind, seconds in measured.items()}
         entry = {
-            k: {"seconds": v, "dumps_per_s": n / v, "mb_per_s": mb / v} for k, v in times.items()
+            k: {"seconds": v, "dumps_per_s": n / v, "mb_per_s": mb / v, "rounds": measured[k]}
+            for k, v in times.items()
         }
-        results[size] = {"n": n, "bytes_per_dump": len(data), **entry}
+        per_round = [i / t for i, t in zip(measured["inline"], measured["tracker"], strict=True)]
+        results[size] = {
+            "n": n,
+            "bytes_per_dump": len(data),
+            "rounds": rounds,
+            "tracker_vs_inline_per_round": per_round,
+            **entry,
+        }
         bound = times.get("raw", times["inline"])
         for kind, seconds in times.items():
-            label = {
-                "tracker": "trajtrack (4 workers)",
-                "inline": "inline torch.save+rename",
-                "raw": "raw write of same bytes",
-            }[kind]
+            spread = min(n / t for t in measured[kind]), max(n / t for t in measured[kind])
             rows.append(
                 [
                     size,
-                    label,
+                    _WRITER_LABELS[kind],
                     f"{n / seconds:.0f}",
+                    f"{spread[0]:.0f}-{spread[1]:.0f}",
                     f"{mb / seconds:.0f}",
                     f"{bound / seconds * 100:.0f}%" if kind == "tracker" else "",
+                    f"{times['inline'] / seconds:.2f}x" if kind == "tracker" else "",
                 ]
             )
-    print("\nEnd-to-end throughput to local disk (until committed)")
-    print(table(rows, ["payload", "writer", "dumps/s", "MB/s", "tracker vs bound"]))
+    print(f"\nEnd-to-end throughput to local disk (until committed), median of {rounds} rounds")
+    headers = ["payload", "writer", "dumps/s", "rounds", "MB/s", "tracker vs bound", "vs inline"]
+    print(table(rows, headers))
     return results
+
+
+def _one_throughput(kind: str, obj: Any, data: bytes, n: int, root: Path) -> float:
+    try:
+        if kind == "tracker":
+            return asyncio.run(throughput_tracker(obj, n, root, workers=4))
+        if kind == "inline":
+            return throughput_inline(obj, n, root)
+        return throughput_raw_bytes(data, n, root)
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=True)
 
 
 # --------------------------------------------------------------------------- event-loop lag
@@ -418,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument("--only", nargs="*", help="latency, throughput, lag, memory")
     parser.add_argument("--scratch", help="scratch directory on the disk to measure")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="throughput rounds per writer (default 3, quick 1)"
+    )
     parser.add_argument("--memory-child", nargs=3, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child:
@@ -430,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         if "latency" in chosen:
             results["latency"] = bench_latency(args.quick, scratch)
         if "throughput" in chosen:
-            results["throughput"] = bench_throughput(args.quick, scratch)
+            rounds = args.rounds or (1 if args.quick else 3)
+            results["throughput"] = bench_throughput(args.quick, scratch, rounds)
         if "lag" in chosen:
             results["event_loop_lag"] = bench_lag(args.quick, scratch)
         if "memory" in chosen:
