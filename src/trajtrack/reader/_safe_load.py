@@ -156,12 +156,15 @@ def load_dump_file(
 def check_loadable(
     source: bytes | str | os.PathLike[str], *, unsafe: bool = False, where: str = "dump"
 ) -> None:
-    """Refuse what :func:`load_dump_bytes` would refuse, without loading the tensors.
+    """Refuse a dump that :func:`load_dump_bytes` would refuse as unsafe, loading nothing.
 
-    For a ``torch.save`` zip (its bytes, or a local file), the pickle's globals are scanned
-    statically (nothing is run) against PyTorch's weights-only set, the process's own additions
-    and trajtrack's allow-list; other formats are loaded. ``diff`` uses it for byte-identical
-    pairs, which need no comparison.
+    For a ``torch.save`` zip (its bytes, or a local file), the globals its pickle names are
+    scanned statically (nothing is run): bytes whose names are all of the fast loader's table
+    pass at once (:func:`~trajtrack.reader._fast_load.only_default_globals`); otherwise torch's
+    static check decides, against PyTorch's weights-only set, the process's own additions and
+    trajtrack's allow-list. Other formats are loaded. Damage inside an archive (a truncated
+    tensor) is not looked for: ``verify`` checks the bytes against the record. ``diff`` uses it
+    for byte-identical pairs, which need no comparison.
 
     Raises:
         UnsafeLoadError: As :func:`load_dump_bytes`.
