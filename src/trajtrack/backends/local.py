@@ -339,7 +339,7 @@ class LocalStorage:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise _translate(exc, path) from exc
+            raise translate(exc, path) from exc
         return FileInfo(path, st.st_size, st.st_mtime)
 
     async def delete(self, path: str) -> None:
@@ -394,10 +394,6 @@ def _list_directory(
 
 def translate(exc: OSError, where: str) -> StorageError:
     """The :class:`StorageError` matching *exc* (missing, permission...), naming *where*."""
-    return _translate(exc, where)
-
-
-def _translate(exc: OSError, where: str) -> StorageError:
     message = f"{where}: {exc.strerror or exc}"
     if isinstance(exc, PermissionError) or exc.errno == errno.EROFS:
         return StoragePermissionError(message)
@@ -416,7 +412,7 @@ def translated(where: str) -> Iterator[None]:
     except StorageError:
         raise
     except OSError as exc:
-        raise _translate(exc, where) from exc
+        raise translate(exc, where) from exc
 
 
 def resolve_inside(root: str, real_root: str, relative: str) -> str:
