@@ -31,7 +31,7 @@ def archive_records(data: bytes) -> tuple[dict[str, tuple[int, int]], str, int]:
     offset and length by name, the records' folder (``"archive/"``), and where the central
     directory starts (no record's data goes past it)."""
     records, limit = _records(data)
-    prefix = _prefix(records)
+    prefix = next(iter(records)).partition("/")[0] + "/"
     _check_records(data, records, prefix, limit)
     return records, prefix, limit
 
@@ -53,10 +53,6 @@ def archive_pickle(data: bytes) -> bytes:
         raise Declined
     start = member_start(data, local, size, cd_offset)
     return data[start : start + size]
-
-
-def _prefix(records: dict[str, tuple[int, int]]) -> str:
-    return next(iter(records)).partition("/")[0] + "/"
 
 
 _END: Final = struct.Struct("<IHHHHIIH")
