@@ -83,13 +83,17 @@ def test_another_record_a_lookup_could_take_for_the_pickle_fails_the_scan(other:
 
 
 def test_the_first_record_must_be_the_pickle() -> None:
+    # A harmless pickle first under another name, the hostile data.pkl after it: torch reads
+    # data.pkl, so the scan must not take the first record for it.
+    hostile = pickle.PROTO + b"\x02" + pickle.GLOBAL + b"posix\nsystem\n" + pickle.STOP
     out = io.BytesIO()
     with zipfile.ZipFile(io.BytesIO(PLAIN)) as source, zipfile.ZipFile(out, "w") as target:
-        records = source.infolist()
-        for record in records[1:] + records[:1]:  # data.pkl last
-            target.writestr(record.filename, source.read(record))
-    assert torch_finds_unsafe(out.getvalue()) == []  # torch still finds and reads it
-    assert not only_default_globals(out.getvalue())  # the scan does not look for it
+        target.writestr("archive/decoy", pickle.dumps(None, protocol=2))
+        for record in source.infolist():
+            body = hostile if record.filename.endswith("/data.pkl") else source.read(record)
+            target.writestr(record.filename, body)
+    assert torch_finds_unsafe(out.getvalue()) == ["posix.system"]
+    assert not only_default_globals(out.getvalue())
 
 
 def test_python2_names_the_unpickler_would_map_fail_the_scan() -> None:
