@@ -31,6 +31,7 @@ from trajtrack._exceptions import (
     StorageNotFoundError,
     StoragePermissionError,
 )
+from trajtrack.backends._local_paths import is_inside, open_directory, resolve_inside
 from trajtrack.backends._protocol import (
     BytesPayload,
     FileInfo,
@@ -46,7 +47,6 @@ from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 __all__ = ["LocalStorage", "resolve_inside", "translate", "translated"]
 
 _WRITE_BUFFER = 1 << 20
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -132,43 +132,21 @@ class LocalStorage:
         # lead outside it: refuse to go through one.
         real_root = self._real_root or os.path.realpath(self._root)
         real = os.path.realpath(target)
-        if real != real_root and not real.startswith(real_root + os.sep):
+        if not is_inside(real, real_root):
             raise StoragePermissionError(
                 f"refusing to use {target}: it resolves outside the destination "
                 f"({real}), through a symbolic link"
             )
 
     def _open_dir(self, parts: builtins.list[str], mode: int | None = None) -> int:
-        """A descriptor of the directory ``root/parts...``, creating what is missing.
-
-        Each level is created and opened relative to its parent's descriptor, and a level that
-        is a symbolic link is followed only when it resolves inside the destination: nothing
-        is ever created outside it, whatever links the destination holds.
-        """
-        fd = os.open(self._root, _DIR_FLAGS)
-        try:
-            for depth, part in enumerate(parts, start=1):
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, self._dir_mode if mode is None else mode, dir_fd=fd)
-                child = self._open_child(fd, part, parts[:depth])
-                os.close(fd)
-                fd = child
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _open_child(self, parent: int, part: str, parts: builtins.list[str]) -> int:
-        try:
-            return os.open(part, _DIR_FLAGS | _NOFOLLOW, dir_fd=parent)
-        except OSError as exc:  # ELOOP, or ENOTDIR for a link with O_DIRECTORY on Linux
-            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                raise
-            if not stat.S_ISLNK(os.stat(part, dir_fd=parent, follow_symlinks=False).st_mode):
-                raise
-        target = self._root.joinpath(*parts)  # a symbolic link: only if it stays inside
-        self._check_inside(target)
-        return os.open(target, _DIR_FLAGS)
+        """A descriptor of the directory ``root/parts...``, creating what is missing, never
+        through a link leading out of the destination (:func:`open_directory`)."""
+        return open_directory(
+            str(self._root),
+            parts,
+            real_root=self._real_root or os.path.realpath(self._root),
+            create=self._dir_mode if mode is None else mode,
+        )
 
     async def write_atomic(self, path: str, payload: Payload, *, overwrite: bool) -> WriteResult:
         return await anyio.to_thread.run_sync(self._write_sync, path, payload, overwrite)
@@ -413,31 +391,3 @@ def translated(where: str) -> Iterator[None]:
         raise
     except OSError as exc:
         raise translate(exc, where) from exc
-
-
-def resolve_inside(root: str, real_root: str, relative: str) -> str:
-    """The path of *relative* (checked, ``/``-separated) under *root*, never leading out of it.
-
-    *real_root* is ``os.path.realpath(root)``. Without a symbolic link below *root* (one
-    ``lstat`` per component: the common case) that is ``root/relative`` itself; through a link,
-    the resolved path if it stays inside *real_root*.
-
-    Raises:
-        StoragePermissionError: A symbolic link leads outside *root*.
-    """
-    path = root
-    for part in relative.split("/"):
-        path = os.path.join(path, part)
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            return os.path.join(root, relative)  # nothing there to follow: opening will say so
-        if stat.S_ISLNK(mode):
-            real = os.path.realpath(os.path.join(root, relative))
-            if real != real_root and not real.startswith(real_root + os.sep):
-                raise StoragePermissionError(
-                    f"refusing to use {os.path.join(root, relative)}: it resolves outside "
-                    f"the destination ({real}), through a symbolic link"
-                )
-            return real
-    return path

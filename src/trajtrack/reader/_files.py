@@ -10,7 +10,6 @@ a 2-core VM, and a map dies with ``SIGBUS`` when its file is truncated.
 
 from __future__ import annotations
 
-import errno
 import functools
 import io
 import os
@@ -21,16 +20,12 @@ import numpy as np
 
 from trajtrack._exceptions import StoragePermissionError
 from trajtrack.backends import Storage, check_relative
-from trajtrack.backends.local import resolve_inside
+from trajtrack.backends._local_paths import resolve_inside
 from trajtrack.reader._dumps import DumpInfo
 
-__all__ = ["DirectoryReader", "LocalFile", "inside_run", "local_file", "same_contents"]
+__all__ = ["LocalFile", "inside_run", "local_file", "real_root", "same_contents"]
 
 _CHUNK = 1 << 20  # bytes read and compared at a time, per file
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOT_PLAIN = (errno.ELOOP, errno.ENOTDIR, errno.EMLINK)  # a link where O_NOFOLLOW refused it
 _buffers = threading.local()
 
 
@@ -59,7 +54,8 @@ def local_file(storage: Storage, info: DumpInfo) -> LocalFile | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _real_root(root: str) -> str:
+def real_root(root: str) -> str:
+    """``os.path.realpath(root)``, once per run root."""
     return os.path.realpath(root)
 
 
@@ -73,7 +69,7 @@ def inside_run(file: LocalFile, where: str) -> str:
         StoragePermissionError: It resolves outside the run.
     """
     try:
-        return resolve_inside(file.root, _real_root(file.root), file.relative)
+        return resolve_inside(file.root, real_root(file.root), file.relative)
     except StoragePermissionError as exc:
         raise StoragePermissionError(f"{where}: {exc} (outside the run)") from exc
 
@@ -110,74 +106,3 @@ def _same_from_here(file_a: io.FileIO, file_b: io.FileIO, a: bytearray, b: bytea
         words_b = np.frombuffer(b, dtype=np.uint64, count=whole // 8)
         if not np.array_equal(words_a, words_b) or a[whole:got_a] != b[whole:got_a]:
             return False
-
-
-class DirectoryReader:
-    """Reads many files below one run root, each opened relative to its directory's open
-    descriptor (kept for the next file of the same directory; one at a time), never through
-    a symbolic link: every component is opened with ``O_NOFOLLOW``. Three system calls per
-    file (open, read, close) instead of an ``lstat`` per path component, an open, a stat and
-    two reads. A path through a link takes :func:`inside_run`'s way (links inside the run are
-    followed, links out of it refused). Blocking; one thread; :meth:`close` when done.
-    """
-
-    def __init__(self, root: str) -> None:
-        self._root = root
-        self._directory: tuple[str, int] | None = None  # (relative directory, its fd)
-
-    def read(self, relative: str, expected: int, where: str) -> bytes:
-        """The whole file *relative* (checked, ``/``-separated), *expected* bytes long.
-
-        Raises:
-            StoragePermissionError: It leads out of the run through a symbolic link.
-            OSError: As opening and reading it raise.
-        """
-        head, _, name = relative.rpartition("/")
-        try:
-            directory = self._open_directory(head)
-            fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC, dir_fd=directory)
-        except OSError as exc:
-            if exc.errno not in _NOT_PLAIN:
-                raise
-            path = inside_run(LocalFile(self._root, relative), where)
-            fd = os.open(path, os.O_RDONLY | _CLOEXEC)
-        try:
-            return _read_to_end(fd, expected)
-        finally:
-            os.close(fd)
-
-    def _open_directory(self, head: str) -> int:
-        if self._directory is not None:
-            if self._directory[0] == head:
-                return self._directory[1]
-            os.close(self._directory[1])
-            self._directory = None
-        fd = os.open(self._root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
-        for part in head.split("/") if head else ():
-            try:
-                child = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
-            finally:
-                os.close(fd)
-            fd = child
-        self._directory = (head, fd)
-        return fd
-
-    def close(self) -> None:
-        if self._directory is not None:
-            os.close(self._directory[1])
-            self._directory = None
-
-
-def _read_to_end(fd: int, expected: int) -> bytes:
-    """Everything *fd* holds from here: one read when the file has its *expected* size."""
-    data = os.read(fd, expected + 1)
-    if not data or len(data) == expected:
-        return data
-    return data + _rest(fd)  # shorter or longer than expected: on to the end, as readall()
-
-
-def _rest(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, _CHUNK):
-        chunks.append(chunk)
-    return b"".join(chunks)

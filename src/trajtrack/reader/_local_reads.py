@@ -1,10 +1,10 @@
 """Reading a batch of dumps from a local run in one worker thread: :func:`read_local`.
 
-Files are opened relative to their directory's descriptor, never through a link
-(:class:`~trajtrack.reader._files.DirectoryReader`). Shard members that lie close together in
-one shard (a batch in dump order: consecutive members) are fetched with one ``pread`` of the
-span that holds them all, then sliced: one system call per run of members instead of one per
-member.
+Files are opened relative to their directory's descriptor, never through a link leading out
+of the run (:class:`~trajtrack.backends._local_paths.DirectoryReader`). Shard members that lie
+close together in one shard (a batch in dump order: consecutive members) are fetched with one
+``pread`` of the span that holds them all, then sliced: one system call per run of members
+instead of one per member.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Final
 
 from trajtrack._exceptions import DumpLoadError, StorageError, StoragePermissionError
 from trajtrack.backends import check_relative
+from trajtrack.backends._local_paths import DirectoryReader
 from trajtrack.backends.local import translate
 from trajtrack.reader._dumps import DumpInfo
-from trajtrack.reader._files import DirectoryReader, LocalFile, inside_run
+from trajtrack.reader._files import LocalFile, inside_run, real_root
 
 __all__ = ["check_readable", "read_local", "whole_member"]
 
@@ -65,7 +66,7 @@ class _Batch:
 
     def __init__(self, root: str, infos: Sequence[DumpInfo]) -> None:
         self._root = root
-        self._files = DirectoryReader(root)
+        self._files = DirectoryReader(root, real_root(root))
         self._shards: dict[str, int] = {}
         self._spans = _spans(infos)
         self._window: tuple[str, int, bytes] | None = None  # (shard, offset, bytes read)
@@ -73,7 +74,10 @@ class _Batch:
     def read(self, index: int, info: DumpInfo) -> bytes:
         if info.shard is None:
             expected = info.stored_size if info.stored_size is not None else info.size
-            return self._files.read(check_relative(info.path), expected, info.name)
+            try:
+                return self._files.read(check_relative(info.path), expected)
+            except StoragePermissionError as exc:  # a link leading out, planted since listing
+                raise StoragePermissionError(f"{info.name}: {exc} (outside the run)") from exc
         offset = info.offset or 0
         window = self._window
         if (
