@@ -163,3 +163,15 @@ def test_diff_benchmark_has_the_small_dump_case(tmp_path: Path) -> None:
             "diff, every dump differs",
             "verify",
         }
+
+
+def test_hdfs_small_reads_benchmark_smoke_run(tmp_path: Path) -> None:
+    # Starts (and stops) its own HDFS test cluster: scripts/hdfs-test-cluster.sh.
+    run_benchmark(
+        tmp_path, "bench_hdfs_small_reads.py", "--quick", "--dumps", "80", "--repeat", "1"
+    )
+    result = json.loads((tmp_path / "results" / "hdfs_small_reads-quick.json").read_text())
+    counts = result["counts"]
+    assert counts["identical"]["equal"] == 80 and counts["different"]["different"] == 80
+    assert counts["verify"] == {"ok": 80}
+    assert result["dumps_per_run"] == 80

@@ -9,7 +9,8 @@ import anyio.to_thread
 import pytest
 import torch
 
-from trajtrack import StorageNotFoundError, StoragePermissionError, Tracker
+from trajtrack import DumpLoadError, StorageNotFoundError, StoragePermissionError, Tracker
+from trajtrack.backends import BytesPayload
 from trajtrack.backends.memory import MemoryStorage
 from trajtrack.reader import open_run
 
@@ -143,3 +144,77 @@ async def test_a_dump_the_listing_refused_is_never_read(tmp_path: Path) -> None:
     assert isinstance(refused, StoragePermissionError)
     assert "refusing to read" in str(refused)
     assert len(got) == 6 and all(isinstance(data, bytes) for data in got.values())
+
+
+class _CountingMemory(MemoryStorage):
+    """A storage that is not local (no ``local_path``), counting its reads."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.ranges: list[tuple[str, int, int]] = []
+        self.whole: list[str] = []
+
+    async def read(self, path: str) -> bytes:
+        self.whole.append(path)
+        return await super().read(path)
+
+    async def read_range(self, path: str, offset: int, length: int) -> bytes:
+        self.ranges.append((path, offset, length))
+        return await super().read_range(path, offset, length)
+
+
+async def _sharded_remote(url: str, dumps: int, flush_at: int | None = None) -> _CountingMemory:
+    storage = _CountingMemory(url)
+    async with Tracker(url, layout="shards", storage=storage) as tracker:  # type: ignore[arg-type]
+        for i in range(dumps):
+            await tracker.dump({"x": torch.full((50 + i,), float(i))}, f"d{i}")
+            if i == flush_at:
+                await tracker.flush()  # seals the first shard
+    return storage
+
+
+async def test_other_storages_read_neighbouring_members_with_one_ranged_read() -> None:
+    storage = await _sharded_remote("memory://spans/run", 12, flush_at=6)
+    async with open_run("memory://spans/run", storage=storage) as run:
+        infos = await run.list()
+        want = [await run.read_bytes(i) for i in infos]
+        assert len(storage.ranges) == 12  # one ranged read per member, one at a time
+        storage.ranges.clear()
+        assert await run.read_many(infos) == want
+    assert len({i.shard for i in infos}) == 2
+    assert len(storage.ranges) == 2  # one per shard: 12 members in two spans
+    order = [infos[k] for k in (0, 1, 2, 9, 10, 3, 4, 11)]  # out of order, interleaved
+    storage.ranges.clear()
+    assert await run.read_many(order) == [want[k] for k in (0, 1, 2, 9, 10, 3, 4, 11)]
+    assert len(storage.ranges) == 4  # (0, 1, 2), (9, 10), (3, 4), (11)
+
+
+async def test_a_truncated_shard_fails_only_the_members_it_lost() -> None:
+    storage = await _sharded_remote("memory://cut/run", 6)
+    async with open_run("memory://cut/run", storage=storage) as run:
+        infos = await run.list()
+        (shard,) = {i.shard for i in infos}
+        assert shard is not None
+        last = infos[-1]
+        whole = await storage.read(shard)
+        cut = (last.offset or 0) + 10  # the last member loses all but 10 bytes
+        await storage.write_atomic(shard, BytesPayload(whole[:cut]), overwrite=True)
+        got = await run.read_many(infos)
+    assert [isinstance(g, bytes) for g in got] == [True] * 5 + [False]
+    assert isinstance(got[-1], DumpLoadError) and "truncated" in str(got[-1])
+
+
+async def test_a_missing_shard_fails_each_of_its_members_in_its_slot() -> None:
+    storage = await _sharded_remote("memory://gone/run", 8, flush_at=3)
+    async with open_run("memory://gone/run", storage=storage) as run:
+        infos = await run.list()
+        first = infos[0].shard
+        assert first is not None
+        await storage.delete(first)
+        storage.ranges.clear()
+        got = await run.read_many(infos)
+    lost = [i.shard == first for i in infos]
+    assert lost == [True] * 4 + [False] * 4
+    assert all(isinstance(g, StorageNotFoundError) for g, x in zip(got, lost, strict=True) if x)
+    assert all(isinstance(g, bytes) for g, x in zip(got, lost, strict=True) if not x)
+    assert len(storage.ranges) == 2  # the missing shard asked once, not once per member
