@@ -7,9 +7,10 @@ and one whose every dump differs in one element. Then, in one process, best of `
 
 * **raw storage read**: every shard file of runs a and b read whole by ``storage.read``;
 * **one ranged read per member**: ``read_range`` of each member of runs a and b (what
-  ``Run.read_many`` did before it read neighbouring members as one span);
-* **Run.read_many, 64 at a time**: the members of runs a and b in dump order, in the batches
-  ``diff`` and ``verify`` use;
+  ``Run.read_many`` did before it read neighbouring members as one span; minutes, so once);
+* **Run.read_many, in batches**: the members of runs a and b in dump order, in the groups
+  ``diff`` and ``verify`` use off a local disk (``read_batches``: up to 1,024 dumps, 4 MiB);
+  and in groups of 64, what they used before (and still use on a local disk);
 * **diff, identical runs**, **diff, every dump differs** and **verify** (``diff_runs`` and
   ``verify_run`` with the CLI's defaults).
 
@@ -42,10 +43,9 @@ from trajtrack import Tracker
 from trajtrack.backends import BytesPayload, open_storage
 from trajtrack.cli.verify import verify_run
 from trajtrack.layouts.shards import is_shard_path
-from trajtrack.reader import diff_runs, gather_bounded, open_run
+from trajtrack.reader import diff_runs, gather_bounded, open_run, read_batches
 
 CONCURRENCY = 16
-BATCH = 64
 COMPLETE = ".bench-complete"  # hidden: not listed as a dump
 
 
@@ -112,21 +112,24 @@ async def raw_read(urls: list[str]) -> tuple[float, int]:
             await storage.aclose()
 
 
-async def member_reads(urls: list[str], spans: bool) -> float:
-    """Every member of the runs: one ranged read each, or ``Run.read_many`` of 64 at a time."""
+async def member_reads(urls: list[str], batch: int | None) -> float:
+    """Every member of the runs: one ranged read each (*batch* ``None``), or ``Run.read_many``
+    of *batch* at a time (0: in ``read_batches``' groups)."""
     runs_ = [open_run(url, concurrency=CONCURRENCY) for url in urls]
     try:
         jobs: list[tuple[Any, Any]] = []
         for run in runs_:
             infos = await run.list()
-            if spans:
-                jobs += [(run, infos[i : i + BATCH]) for i in range(0, len(infos), BATCH)]
+            if batch == 0:
+                jobs += [(run, g) for g in read_batches(infos, _small, _size, local=False)]
+            elif batch is not None:
+                jobs += [(run, infos[i : i + batch]) for i in range(0, len(infos), batch)]
             else:
                 jobs += [(run, info) for info in infos]
 
         async def one(job: tuple[Any, Any]) -> None:
             run, what = job
-            await (run.read_many(what) if spans else run.read_bytes(what))
+            await (run.read_bytes(what) if batch is None else run.read_many(what))
 
         seconds, _ = await _timed(lambda: gather_bounded(jobs, one, limit=CONCURRENCY))
         return seconds
@@ -150,6 +153,14 @@ async def verify(a: str) -> tuple[float, dict[str, int]]:
     return seconds, counts
 
 
+def _small(info: Any) -> bool:
+    return True  # 4 KB dumps
+
+
+def _size(info: Any) -> int:
+    return int(info.size)
+
+
 def _best(repeat: int, measure: Callable[[], Any]) -> Any:
     results = [measure() for _ in range(repeat)]
     return min(results, key=lambda r: r[0] if isinstance(r, tuple) else r)
@@ -162,10 +173,14 @@ def measure(cluster_dir: Path, dumps: int, repeat: int, data: str | None) -> dic
     seconds = {
         "raw storage read (shards whole), runs a+b": t_raw,
         "one ranged read per member, runs a+b": _best(
-            repeat, lambda: anyio.run(member_reads, [a, b], False)
+            1,
+            lambda: anyio.run(member_reads, [a, b], None),  # minutes: once
         ),
         "Run.read_many, 64 at a time, runs a+b": _best(
-            repeat, lambda: anyio.run(member_reads, [a, b], True)
+            repeat, lambda: anyio.run(member_reads, [a, b], 64)
+        ),
+        "Run.read_many, read_batches groups, runs a+b": _best(
+            repeat, lambda: anyio.run(member_reads, [a, b], 0)
         ),
     }
     t_same, same = _best(repeat, lambda: anyio.run(diff, a, b))

@@ -109,7 +109,9 @@ async def test_runs_of_other_storages_are_read_and_loaded_from_bytes(
 async def test_small_local_pairs_compared_in_batches_keep_their_own_outcomes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(diff_module, "_BATCH_PAIRS", 4)  # 10 pairs: batches of 4, 4 and 2
+    from trajtrack.reader import _batch_reads
+
+    monkeypatch.setattr(_batch_reads, "_LOCAL_BATCH", 4)  # 10 pairs: batches of 4, 4 and 2
     hops: list[int] = []
     real = diff_module._Comparer._compare_read
 

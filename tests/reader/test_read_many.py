@@ -66,6 +66,26 @@ def test_group_small_keeps_the_order_and_puts_each_large_item_alone() -> None:
     assert group_small([], lambda x: True, 3) == []
     groups = group_small(list(range(10)), lambda x: True, 4)
     assert [x for group in groups for x in group] == list(range(10))
+    weighed = group_small([5, 5, 5, 9, 1, 1], lambda x: True, 10, weight=int, max_weight=10)
+    assert weighed == [[5, 5], [5, 9], [1, 1]]  # closed once a group weighs 10
+
+
+def test_read_batches_are_larger_where_each_read_is_a_request() -> None:
+    from trajtrack.reader import read_batches
+
+    items = [4096] * 3000 + [1 << 20] + [4096] * 10
+
+    def small(size: int) -> bool:
+        return size <= 65536
+
+    local = read_batches(items, small, int, local=True)
+    remote = read_batches(items, small, int, local=False)
+    assert [len(g) for g in local[:3]] == [64, 64, 64] and [1 << 20] in local
+    assert [len(g) for g in remote] == [1024, 1024, 1, 962]  # 1,024 a group, at most
+    huge = read_batches([60000] * 200, small, int, local=False)
+    assert max(sum(g) for g in huge) < (4 << 20) + 60000  # and 4 MiB
+    for groups in (local, remote):
+        assert sorted(x for g in groups for x in g) == sorted(items)
 
 
 async def _files_run(root: Path) -> None:

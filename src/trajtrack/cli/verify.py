@@ -20,12 +20,11 @@ from trajtrack.cli._common import (
     table,
     write_json,
 )
-from trajtrack.reader import DumpInfo, Run, gather_bounded, group_small, open_run
+from trajtrack.reader import DumpInfo, Run, gather_bounded, open_run, read_batches
 
 __all__ = ["Finding", "add_parser", "run", "verify_run"]
 
-_CHECKSUM_ON_LOOP_MAX = 64 << 10  # CRC-32 runs at ~1 GB/s: 64 KiB is ~60 microseconds at most
-_BATCH = 64  # small dumps read per worker-thread hop
+_SMALL = 64 << 10  # dumps up to this size are read and checksummed in groups
 
 Problem = Literal["ok", "missing", "truncated", "oversized", "corrupt", "unrecorded", "outside"]
 
@@ -95,14 +94,11 @@ async def verify_run(
                 lambda: [_finding(i, d) for i, d in zip(batch, reader(batch), strict=True)],
                 limiter=one_thread,
             )
-        else:
-            found = []
-            for info, data in zip(batch, await source.read_many(batch), strict=True):
-                if isinstance(data, bytes) and len(data) > _CHECKSUM_ON_LOOP_MAX:
-                    actual = await anyio.to_thread.run_sync(checksum_of, data)
-                    found.append(_finding(info, data, actual))
-                else:
-                    found.append(_finding(info, data))
+        else:  # read (a span of shard members at a time), checksummed in one thread hop
+            data = await source.read_many(batch)
+            found = await anyio.to_thread.run_sync(
+                lambda: [_finding(i, d) for i, d in zip(batch, data, strict=True)]
+            )
         done[0] += len(batch)
         if on_progress is not None:
             on_progress(done[0], len(to_read))
@@ -110,7 +106,7 @@ async def verify_run(
 
     done = [0]
     batches = await gather_bounded(
-        group_small(to_read, lambda info: info.size <= _CHECKSUM_ON_LOOP_MAX, _BATCH),
+        read_batches(to_read, _small, _size, local=reader is not None),
         check,
         limit=source.concurrency,
     )
@@ -137,15 +133,23 @@ async def verify_run(
     return findings
 
 
-def _finding(info: DumpInfo, data: bytes | Exception, actual: str | None = None) -> Finding:
-    """The verdict on the bytes read for *info* (*actual*: their checksum, if computed)."""
+def _small(info: DumpInfo) -> bool:
+    return info.size <= _SMALL
+
+
+def _size(info: DumpInfo) -> int:
+    return info.size
+
+
+def _finding(info: DumpInfo, data: bytes | Exception) -> Finding:
+    """The verdict on the bytes read for *info* (blocking: computes their checksum)."""
     if isinstance(data, StorageNotFoundError):
         return Finding(info.name, info.path, "missing", "deleted while verifying")
     if isinstance(data, Exception):
         raise data
     if len(data) != info.size:
         return _size_finding(info, len(data))
-    actual = actual or checksum_of(data)
+    actual = checksum_of(data)
     if actual != info.checksum:
         return Finding(
             info.name, info.path, "corrupt", f"checksum {actual}, recorded {info.checksum}"

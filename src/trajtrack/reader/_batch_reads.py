@@ -11,8 +11,8 @@ out of the run (:class:`~trajtrack.backends._local_paths.DirectoryReader`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Final, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Final, NamedTuple, TypeVar
 
 from trajtrack._exceptions import DumpLoadError, StorageError, StoragePermissionError
 from trajtrack.backends import Storage, check_relative
@@ -20,8 +20,36 @@ from trajtrack.backends._local_paths import DirectoryReader
 from trajtrack.backends.local import translate
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._files import LocalFile, inside_run, real_root
+from trajtrack.reader._gather import group_small
 
-__all__ = ["check_readable", "member_spans", "read_local", "read_remote", "whole_member"]
+__all__ = [
+    "check_readable",
+    "member_spans",
+    "read_batches",
+    "read_local",
+    "read_remote",
+    "whole_member",
+]
+
+_LOCAL_BATCH: Final = 64  # small dumps read (and checked) per worker-thread hop, locally
+_REMOTE_BATCH: Final = 1024  # elsewhere, small dumps per read_remote, up to:
+_REMOTE_BATCH_BYTES: Final = 4 << 20
+T = TypeVar("T")
+
+
+def read_batches(
+    items: Sequence[T], small: Callable[[T], bool], size: Callable[[T], int], *, local: bool
+) -> list[list[T]]:
+    """*items* grouped for ``Run.read_many``, in their order, each larger item alone: on a
+    local storage 64 small ones a group (one worker-thread hop each); elsewhere up to 1,024
+    and 4 MiB (by *size*): the larger a group, the longer the spans of neighbouring shard
+    members, the fewer requests. 20,000 x 4 KB members of two runs on the HDFS test cluster:
+    4.6-5.3 s in groups of 64, 1.0-1.4 s in groups of 1,024, 0.9 s reading the shards whole.
+    """
+    if local:
+        return group_small(items, small, _LOCAL_BATCH)
+    return group_small(items, small, _REMOTE_BATCH, weight=size, max_weight=_REMOTE_BATCH_BYTES)
+
 
 _SPAN_MAX: Final = 8 << 20  # the most read at once for a run of neighbouring members
 _GAP_MAX: Final = 64 << 10  # members further apart than this are read on their own

@@ -45,22 +45,34 @@ async def gather_bounded(
     return results
 
 
-def group_small(items: Sequence[T], small: Callable[[T], bool], size: int) -> list[list[T]]:
+def group_small(
+    items: Sequence[T],
+    small: Callable[[T], bool],
+    size: int,
+    *,
+    weight: Callable[[T], int] | None = None,
+    max_weight: int | None = None,
+) -> list[list[T]]:
     """*items* as groups, each item once: the small ones *size* at a time (in their order),
-    each other one alone (where it comes, ahead of a small group still filling).
+    each other one alone (where it comes, ahead of a small group still filling). With
+    *weight* and *max_weight*, a group also closes once its items weigh *max_weight* (bytes
+    held at once, say).
 
-    For per-item work cheaper than a worker-thread hop: one hop per group.
+    For per-item work cheaper than a worker-thread hop, or than a request: one per group.
     """
     groups: list[list[T]] = []
     group: list[T] = []
+    held = 0
     for item in items:
         if not small(item):
             groups.append([item])
             continue
         group.append(item)
-        if len(group) == size:
+        if weight is not None:
+            held += weight(item)
+        if len(group) == size or (max_weight is not None and held >= max_weight):
             groups.append(group)
-            group = []
+            group, held = [], 0
     if group:
         groups.append(group)
     return groups
