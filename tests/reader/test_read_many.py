@@ -238,3 +238,22 @@ async def test_a_missing_shard_fails_each_of_its_members_in_its_slot() -> None:
     assert all(isinstance(g, StorageNotFoundError) for g, x in zip(got, lost, strict=True) if x)
     assert all(isinstance(g, bytes) for g, x in zip(got, lost, strict=True) if not x)
     assert len(storage.ranges) == 2  # the missing shard asked once, not once per member
+
+
+async def test_export_of_a_remote_sharded_run_reads_a_span_at_a_time(tmp_path: Path) -> None:
+    from trajtrack.backends.local import LocalStorage
+    from trajtrack.reader import export_run
+
+    storage = await _sharded_remote("memory://export/run", 30, flush_at=14)
+    async with open_run("memory://export/run", storage=storage) as run:
+        infos = await run.list()
+        want = {i.path: await run.read_bytes(i) for i in infos}
+        storage.ranges.clear()
+        done: list[tuple[int, int]] = []
+        result = await export_run(
+            run, LocalStorage(str(tmp_path / "out")), on_progress=lambda *p: done.append(p)
+        )
+    assert (result.written, result.skipped) == (30, ())
+    assert len(storage.ranges) == 2  # two shards, each one span
+    assert {p: (tmp_path / "out" / p).read_bytes() for p in want} == want
+    assert done[-1] == (30, 30)

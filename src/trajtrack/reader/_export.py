@@ -17,6 +17,7 @@ from trajtrack._exceptions import DumpLoadError
 from trajtrack.backends import BytesPayload, Storage, checksum_of
 from trajtrack.layouts.names import WriterIdentity
 from trajtrack.layouts.records import DumpRecord, encode_segment, new_writer_id, segment_path
+from trajtrack.reader._batch_reads import read_batches
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._gather import gather_bounded
 from trajtrack.reader._run import Run
@@ -62,18 +63,36 @@ async def export_run(
     todo = [d for d in dumps if d.present and d.problem is None]
     skipped = [(d.name, d.problem or "missing from the storage") for d in dumps if d not in todo]
 
-    async def copy(info: DumpInfo) -> DumpRecord | str:
-        data = await source.read_bytes(info)
-        checksum = checksum_of(data)
-        if info.checksum is not None and checksum != info.checksum:
-            return f"checksum {checksum}, recorded {info.checksum}"
-        await destination.write_atomic(info.path, BytesPayload(data), overwrite=overwrite)
-        return _record(info, len(data), checksum)
+    async def copy(batch: list[DumpInfo]) -> list[DumpRecord | str]:
+        # Read together (a span of neighbouring shard members: one read), written together
+        # (a local destination: one worker-thread hop), each dump's outcome its own.
+        outcomes: list[DumpRecord | str] = []
+        items: list[tuple[str, BytesPayload]] = []
+        for info, data in zip(batch, await source.read_many(batch), strict=True):
+            if isinstance(data, Exception):
+                raise data
+            checksum = checksum_of(data)
+            if info.checksum is not None and checksum != info.checksum:
+                outcomes.append(f"checksum {checksum}, recorded {info.checksum}")
+                continue
+            outcomes.append(_record(info, len(data), checksum))
+            items.append((info.path, BytesPayload(data)))
+        for result in await destination.write_atomic_many(items, overwrite=overwrite):
+            if isinstance(result, Exception):
+                raise result
+        done[0] += len(batch)
+        if on_progress is not None:
+            on_progress(done[0], len(todo))
+        return outcomes
 
-    progress = (lambda n: on_progress(n, len(todo))) if on_progress else None
-    results = await gather_bounded(todo, copy, limit=source.concurrency, on_done=progress)
-    records = [r for r in results if isinstance(r, DumpRecord)]
-    skipped += [(d.name, r) for d, r in zip(todo, results, strict=True) if isinstance(r, str)]
+    done = [0]
+    local = source.storage.local_path("") is not None
+    batches = read_batches(todo, _small, _size, local=local)
+    copied = await gather_bounded(batches, copy, limit=source.concurrency)
+    ordered = [info for batch in batches for info in batch]  # the order of the outcomes
+    copies = list(zip(ordered, [r for out in copied for r in out], strict=True))
+    records = [r for _, r in copies if isinstance(r, DumpRecord)]
+    skipped += [(d.name, r) for d, r in copies if isinstance(r, str)]
     if records:
         writer = new_writer_id(WriterIdentity.current())
         segment = BytesPayload(encode_segment(records))
@@ -81,6 +100,17 @@ async def export_run(
     for name, why in skipped:
         logger.warning("not exported: %s (%s)", name, why)
     return ExportResult(len(records), tuple(skipped), sum(r.size for r in records))
+
+
+_SMALL = 64 << 10  # dumps up to this size are read and written in groups
+
+
+def _small(info: DumpInfo) -> bool:
+    return info.size <= _SMALL
+
+
+def _size(info: DumpInfo) -> int:
+    return info.size
 
 
 def _record(info: DumpInfo, size: int, checksum: str) -> DumpRecord:
