@@ -139,3 +139,37 @@ async def test_the_storage_is_opened_off_the_event_loop() -> None:
 def crc32_of(data: bytes) -> str:
     """The record's checksum format, computed with zlib itself (not the library's helper)."""
     return f"crc32:{zlib.crc32(data):08x}"
+
+
+@pytest.mark.parametrize("layout", ["files", "shards"])
+async def test_listing_parses_and_merges_off_the_event_loop(
+    tmp_path: Path, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tens of microseconds a dump: seconds of a big run that must not stall the caller's loop.
+    import threading
+
+    from trajtrack.reader import _listing
+
+    async with trajtrack.Tracker(tmp_path, layout=layout) as tracker:  # type: ignore[arg-type]
+        for i in range(5):
+            await tracker.dump({"x": torch.zeros(3)}, f"d{i}")
+    (tmp_path / "unrecorded.pth").write_bytes(b"a file no record describes")
+    threads: dict[str, set[int]] = {"decode": set(), "merge": set()}
+    decode, from_record = _listing.decode_segment, _listing._from_record
+
+    def watched_decode(data: bytes) -> object:
+        threads["decode"].add(threading.get_ident())
+        return decode(data)
+
+    def watched_merge(*args: object) -> object:
+        threads["merge"].add(threading.get_ident())
+        return from_record(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_listing, "decode_segment", watched_decode)
+    monkeypatch.setattr(_listing, "_from_record", watched_merge)
+    async with open_run(tmp_path) as run:
+        dumps = await run.list()
+    assert sorted(d.name for d in dumps) == ["d0", "d1", "d2", "d3", "d4", "unrecorded"]
+    loop = threading.get_ident()
+    assert threads["decode"] and loop not in threads["decode"]
+    assert threads["merge"] and loop not in threads["merge"]

@@ -38,6 +38,10 @@ _OUTSIDE = "a symbolic link leading out of the run"
 async def scan_run(storage: Storage, *, suffix: str, concurrency: int) -> RunListing:
     """Every dump of the run in *storage*, in dump order.
 
+    The storage is read here; parsing the records and merging them with the listing (tens of
+    microseconds a dump, seconds for a big run) is done in worker threads, never on the
+    event loop.
+
     Raises:
         StorageNotFoundError: The destination does not exist.
         StorageError: The storage failed.
@@ -46,25 +50,37 @@ async def scan_run(storage: Storage, *, suffix: str, concurrency: int) -> RunLis
     if not files:
         await _check_exists(storage)
     segments = [f.path for f in files if _is_segment(f.path)]
-    decoded = await gather_bounded(
+    read = await gather_bounded(
         segments, lambda path: _read_segment(storage, path), limit=concurrency
     )
-    latest, bad = _latest(decoded)
+    latest, bad = await anyio.to_thread.run_sync(_latest, read)
     if bad:
         logger.warning("%s: skipped %d unreadable record lines", storage.url, bad)
-    listed = {f.path: f for f in files if not is_internal_path(f.path)}
     shards = {f.path: f for f in files if is_shard_path(f.path) and parse_temp_path(f.path) is None}
     recorded_shards = {r.shard for r in latest.values() if r.shard is not None}
     unindexed = [info for path, info in shards.items() if path not in recorded_shards]
     found = await gather_bounded(
         unindexed, lambda shard: _index_shard(storage, shard, suffix), limit=concurrency
     )
+    dumps = await anyio.to_thread.run_sync(_merge, latest, files, shards, found, suffix)
+    return RunListing(tuple(dumps), len(segments), bad, len(shards), len(unindexed))
+
+
+def _merge(
+    latest: dict[str, DumpRecord],
+    files: list[FileInfo],
+    shards: dict[str, FileInfo],
+    found: list[list[DumpInfo]],
+    suffix: str,
+) -> list[DumpInfo]:
+    """The recorded dumps, the files and shard members no record describes, in dump order."""
+    listed = {f.path: f for f in files if not is_internal_path(f.path)}
     dumps = [_from_record(r, listed, shards) for r in latest.values()]
     unrecorded = [_unrecorded(info, suffix) for path, info in listed.items() if path not in latest]
     unrecorded += [d for members in found for d in members if d.path not in latest]
     dumps.extend(_newest_by_path(unrecorded))
     dumps.sort(key=dump_order)
-    return RunListing(tuple(dumps), len(segments), bad, len(shards), len(unindexed))
+    return dumps
 
 
 def _is_segment(path: str) -> bool:
@@ -83,19 +99,19 @@ async def _check_exists(storage: Storage) -> None:
         raise StorageNotFoundError(f"{storage.url}: no such directory")
 
 
-async def _read_segment(storage: Storage, path: str) -> tuple[list[DumpRecord], int]:
+async def _read_segment(storage: Storage, path: str) -> bytes:
     try:
-        data = await storage.read(path)
+        return await storage.read(path)
     except StorageNotFoundError:  # replaced between the listing and the read
-        return [], 0
-    return decode_segment(data)
+        return b""
 
 
-def _latest(decoded: Iterable[tuple[list[DumpRecord], int]]) -> tuple[dict[str, DumpRecord], int]:
-    """The newest record of every path, and the number of unreadable lines."""
+def _latest(segments: Iterable[bytes]) -> tuple[dict[str, DumpRecord], int]:
+    """The newest record of every path in the *segments*, and the number of unreadable lines."""
     latest: dict[str, DumpRecord] = {}
     bad = 0
-    for records, skipped in decoded:
+    for data in segments:
+        records, skipped = decode_segment(data)
         bad += skipped
         for record in records:
             known = latest.get(record.path)
