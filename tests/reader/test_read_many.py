@@ -257,3 +257,26 @@ async def test_export_of_a_remote_sharded_run_reads_a_span_at_a_time(tmp_path: P
     assert len(storage.ranges) == 2  # two shards, each one span
     assert {p: (tmp_path / "out" / p).read_bytes() for p in want} == want
     assert done[-1] == (30, 30)
+
+
+async def test_other_storages_read_a_batch_with_requests_in_flight_together() -> None:
+    class Slow(MemoryStorage):
+        in_flight = peak = 0
+
+        async def read(self, path: str) -> bytes:
+            Slow.in_flight += 1
+            Slow.peak = max(Slow.peak, Slow.in_flight)
+            await anyio.sleep(0.01)  # a round trip
+            Slow.in_flight -= 1
+            return await super().read(path)
+
+    storage = Slow("memory://slow/run")
+    async with Tracker("memory://slow/run", storage=storage) as tracker:
+        for i in range(40):
+            await tracker.dump({"x": torch.full((8,), float(i))}, f"d{i}")
+    async with open_run("memory://slow/run", storage=storage) as run:
+        infos = await run.list()
+        Slow.peak = 0
+        got = await run.read_many(infos)
+    assert all(isinstance(data, bytes) for data in got) and len(got) == 40
+    assert Slow.peak == 16  # not one round trip after the other; 16 at most

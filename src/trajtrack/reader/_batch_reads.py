@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Final, NamedTuple, TypeVar
+from typing import Final, TypeVar
 
 from trajtrack._exceptions import DumpLoadError, StorageError, StoragePermissionError
 from trajtrack.backends import Storage, check_relative
@@ -20,7 +20,7 @@ from trajtrack.backends._local_paths import DirectoryReader
 from trajtrack.backends.local import translate
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._files import LocalFile, inside_run, real_root
-from trajtrack.reader._gather import group_small
+from trajtrack.reader._gather import gather_bounded, group_small
 
 __all__ = [
     "check_readable",
@@ -78,56 +78,70 @@ async def read_remote(
     storage: Storage, url: str, infos: Sequence[DumpInfo]
 ) -> list[bytes | Exception]:
     """The bytes of each dump of *infos* in *storage*, or the error that reading it raised: a
-    file each with ``read``, a run of neighbouring shard members with one ``read_range``."""
-    spans = member_spans(infos)
+    file each with ``read``, a run of neighbouring shard members with one ``read_range``;
+    up to 16 of these requests in flight (the storage bounds its connections itself)."""
+    requests, wants = _plan(url, infos)
+    got = await gather_bounded(
+        requests, lambda request: _fetch(storage, *request), limit=_REQUESTS_IN_FLIGHT
+    )
     out: list[bytes | Exception] = []
-    window: _Window | None = None
-    for index, info in enumerate(infos):
+    for info, want in zip(infos, wants, strict=True):
+        if isinstance(want, Exception):
+            out.append(want)
+            continue
+        data = got[want[0]]
+        if isinstance(data, Exception) or want[1] is None:  # failed, or a whole file
+            out.append(data)
+            continue
         try:
-            check_readable(url, info)
-            if info.shard is None:
-                out.append(await storage.read(info.path))
-                continue
-            span = spans.get(index)
-            if span is not None:
-                start, length = span
-                data = await _span(storage, info.shard, start, length)
-                window = _Window(info.shard, start, start + length, data)
-            out.append(whole_member(info, await _member(storage, info, info.shard, window)))
-        except (StorageError, DumpLoadError) as exc:  # refused, missing, short shard
+            out.append(whole_member(info, data[want[1] : want[1] + info.size]))
+        except DumpLoadError as exc:  # its shard holds fewer bytes than the record says
             out.append(exc)
     return out
 
 
-class _Window(NamedTuple):
-    """A span of a shard read at once: where it starts and ends, and what the read gave."""
-
-    shard: str
-    start: int
-    end: int
-    data: bytes | StorageError
-
-    def holds(self, shard: str, offset: int, size: int) -> bool:
-        return shard == self.shard and self.start <= offset and offset + size <= self.end
+_REQUESTS_IN_FLIGHT: Final = 16
+_Request = tuple[str, int, int | None]  # (path, offset, length; None: the whole file)
+_Want = tuple[int, int | None] | StorageError  # (request, where its bytes start; None: all)
 
 
-async def _span(storage: Storage, shard: str, offset: int, length: int) -> bytes | StorageError:
-    """The bytes of one span, or the error reading it raised (then each member's error)."""
+def _plan(url: str, infos: Sequence[DumpInfo]) -> tuple[list[_Request], list[_Want]]:
+    """The requests that fetch *infos* (each span of neighbouring members once), and for each
+    dump the request holding its bytes (or why it is refused)."""
+    spans = member_spans(infos)
+    requests: list[_Request] = []
+    wants: list[_Want] = []
+    span: tuple[str, int, int, int] | None = None  # the last span: shard, start, end, request
+    for index, info in enumerate(infos):
+        try:
+            check_readable(url, info)
+        except StorageError as exc:
+            wants.append(exc)
+            continue
+        if info.shard is None:
+            wants.append((len(requests), None))
+            requests.append((info.path, 0, None))
+            continue
+        offset = info.offset or 0
+        if index in spans:
+            start, length = spans[index]
+            span = (info.shard, start, start + length, len(requests))
+            requests.append((info.shard, start, length))
+        if span is not None and span[0] == info.shard and span[1] <= offset <= span[2] - info.size:
+            wants.append((span[3], offset - span[1]))
+        else:
+            wants.append((len(requests), 0))
+            requests.append((info.shard, offset, info.size))
+    return requests, wants
+
+
+async def _fetch(storage: Storage, path: str, offset: int, length: int | None) -> bytes | Exception:
     try:
-        return await storage.read_range(shard, offset, length)
-    except StorageError as exc:
+        if length is None:
+            return await storage.read(path)
+        return await storage.read_range(path, offset, length)
+    except StorageError as exc:  # the outcome of each dump it holds
         return exc
-
-
-async def _member(storage: Storage, info: DumpInfo, shard: str, window: _Window | None) -> bytes:
-    """Shard member *info*'s bytes: sliced from *window* when it holds them, else read."""
-    offset = info.offset or 0
-    if window is None or not window.holds(shard, offset, info.size):
-        return await storage.read_range(shard, offset, info.size)
-    if isinstance(window.data, StorageError):
-        raise window.data
-    start = offset - window.start
-    return window.data[start : start + info.size]
 
 
 def check_readable(url: str, info: DumpInfo) -> None:
