@@ -9,7 +9,8 @@ and one whose every dump differs in one element. Then, in one process, best of `
 * **one ranged read per member**: ``read_range`` of each member of runs a and b (what
   ``Run.read_many`` did before it read neighbouring members as one span; minutes, so once);
 * **Run.read_many, in batches**: the members of runs a and b in dump order, in the groups
-  ``diff`` and ``verify`` use off a local disk (``read_batches``: up to 1,024 dumps, 4 MiB);
+  ``diff``, ``verify`` and ``export`` use off a local disk (``reader._batch_reads.read_batches``,
+  ``trajtrack.reader.dump_batches``: up to 1,024 dumps, 4 MiB);
   and in groups of 64, what they used before (and still use on a local disk);
 * **diff, identical runs**, **diff, every dump differs** and **verify** (``diff_runs`` and
   ``verify_run`` with the CLI's defaults).
@@ -43,7 +44,7 @@ from trajtrack import Tracker
 from trajtrack.backends import BytesPayload, open_storage
 from trajtrack.cli.verify import verify_run
 from trajtrack.layouts.shards import is_shard_path
-from trajtrack.reader import diff_runs, gather_bounded, open_run, read_batches
+from trajtrack.reader import diff_runs, dump_batches, gather_bounded, open_run
 
 CONCURRENCY = 16
 COMPLETE = ".bench-complete"  # hidden: not listed as a dump
@@ -114,14 +115,14 @@ async def raw_read(urls: list[str]) -> tuple[float, int]:
 
 async def member_reads(urls: list[str], batch: int | None) -> float:
     """Every member of the runs: one ranged read each (*batch* ``None``), or ``Run.read_many``
-    of *batch* at a time (0: in ``read_batches``' groups)."""
+    of *batch* at a time (0: in ``dump_batches``' groups)."""
     runs_ = [open_run(url, concurrency=CONCURRENCY) for url in urls]
     try:
         jobs: list[tuple[Any, Any]] = []
         for run in runs_:
             infos = await run.list()
             if batch == 0:
-                jobs += [(run, g) for g in read_batches(infos, _small, _size, local=False)]
+                jobs += [(run, g) for g in dump_batches(infos, local=False)]
             elif batch is not None:
                 jobs += [(run, infos[i : i + batch]) for i in range(0, len(infos), batch)]
             else:
@@ -151,14 +152,6 @@ async def verify(a: str) -> tuple[float, dict[str, int]]:
     for finding in findings:
         counts[finding.problem] = counts.get(finding.problem, 0) + 1
     return seconds, counts
-
-
-def _small(info: Any) -> bool:
-    return True  # 4 KB dumps
-
-
-def _size(info: Any) -> int:
-    return int(info.size)
 
 
 def _best(repeat: int, measure: Callable[[], Any]) -> Any:

@@ -71,7 +71,7 @@ def test_group_small_keeps_the_order_and_puts_each_large_item_alone() -> None:
 
 
 def test_read_batches_are_larger_where_each_read_is_a_request() -> None:
-    from trajtrack.reader import read_batches
+    from trajtrack.reader._batch_reads import read_batches
 
     items = [4096] * 3000 + [1 << 20] + [4096] * 10
 

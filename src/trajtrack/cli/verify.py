@@ -20,11 +20,10 @@ from trajtrack.cli._common import (
     table,
     write_json,
 )
-from trajtrack.reader import DumpInfo, Run, gather_bounded, open_run, read_batches
+from trajtrack.reader import DumpInfo, Run, dump_batches, gather_bounded, open_run
 
 __all__ = ["Finding", "add_parser", "run", "verify_run"]
 
-_SMALL = 64 << 10  # dumps up to this size are read and checksummed in groups
 
 Problem = Literal["ok", "missing", "truncated", "oversized", "corrupt", "unrecorded", "outside"]
 
@@ -106,7 +105,7 @@ async def verify_run(
 
     done = [0]
     batches = await gather_bounded(
-        read_batches(to_read, _small, _size, local=reader is not None),
+        dump_batches(to_read, local=reader is not None),
         check,
         limit=source.concurrency,
     )
@@ -131,14 +130,6 @@ async def verify_run(
         else:
             findings.append(_size_finding(info, info.stored_size or 0))
     return findings
-
-
-def _small(info: DumpInfo) -> bool:
-    return info.size <= _SMALL
-
-
-def _size(info: DumpInfo) -> int:
-    return info.size
 
 
 def _finding(info: DumpInfo, data: bytes | Exception) -> Finding:

@@ -27,7 +27,7 @@ The CLI (:mod:`trajtrack.cli`) is built on these names; so can be any other tool
 
 from __future__ import annotations
 
-from trajtrack.reader._batch_reads import read_batches
+from trajtrack.reader._batch_reads import dump_batches
 from trajtrack.reader._compare import Difference, Tolerance, compare
 from trajtrack.reader._diff import DumpComparison, RunDiff, diff_runs
 from trajtrack.reader._dump_report import render_dump_report
@@ -66,6 +66,7 @@ __all__ = [
     "check_loadable",
     "compare",
     "diff_runs",
+    "dump_batches",
     "dump_order",
     "export_run",
     "gather_bounded",
@@ -75,7 +76,6 @@ __all__ = [
     "load_dump_file",
     "matches",
     "open_run",
-    "read_batches",
     "render_diff_report",
     "require_matplotlib",
     "render_dump_report",

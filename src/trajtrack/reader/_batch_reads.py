@@ -23,7 +23,9 @@ from trajtrack.reader._files import LocalFile, inside_run, real_root
 from trajtrack.reader._gather import gather_bounded, group_small
 
 __all__ = [
+    "SMALL_DUMP",
     "check_readable",
+    "dump_batches",
     "member_spans",
     "read_batches",
     "read_local",
@@ -49,6 +51,24 @@ def read_batches(
     if local:
         return group_small(items, small, _LOCAL_BATCH)
     return group_small(items, small, _REMOTE_BATCH, weight=size, max_weight=_REMOTE_BATCH_BYTES)
+
+
+SMALL_DUMP: Final = 64 << 10
+"""Dumps up to this size are read (and checked) in groups: per-dump work costs less than a
+worker-thread hop or a request."""
+
+
+def dump_batches(dumps: Sequence[DumpInfo], *, local: bool) -> list[list[DumpInfo]]:
+    """:func:`read_batches` of *dumps*, the small ones those of :data:`SMALL_DUMP` or less."""
+    return read_batches(dumps, _is_small, _size, local=local)
+
+
+def _is_small(info: DumpInfo) -> bool:
+    return info.size <= SMALL_DUMP
+
+
+def _size(info: DumpInfo) -> int:
+    return info.size
 
 
 _SPAN_MAX: Final = 8 << 20  # the most read at once for a run of neighbouring members

@@ -25,7 +25,7 @@ import anyio
 import anyio.to_thread
 
 from trajtrack._exceptions import DumpLoadError, TrajtrackError, UnsafeLoadError
-from trajtrack.reader._batch_reads import read_batches
+from trajtrack.reader._batch_reads import SMALL_DUMP, read_batches
 from trajtrack.reader._compare import Difference, Tolerance, compare
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._files import LocalFile, inside_run, local_file, same_contents
@@ -176,7 +176,7 @@ async def diff_runs(
 
 _Pair = tuple[str, DumpInfo | None, DumpInfo | None, float]
 
-_SMALL = 64 << 10  # a pair with a larger dump is compared on its own
+_SMALL = SMALL_DUMP  # a pair with a larger dump is compared on its own
 _AHEAD_MIN = 256 << 10  # read ahead only when local pairs hold this much on average
 
 

@@ -17,7 +17,7 @@ from trajtrack._exceptions import DumpLoadError
 from trajtrack.backends import BytesPayload, Storage, checksum_of
 from trajtrack.layouts.names import WriterIdentity
 from trajtrack.layouts.records import DumpRecord, encode_segment, new_writer_id, segment_path
-from trajtrack.reader._batch_reads import read_batches
+from trajtrack.reader._batch_reads import dump_batches
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._gather import gather_bounded
 from trajtrack.reader._run import Run
@@ -87,7 +87,7 @@ async def export_run(
 
     done = [0]
     local = source.storage.local_path("") is not None
-    batches = read_batches(todo, _small, _size, local=local)
+    batches = dump_batches(todo, local=local)
     copied = await gather_bounded(batches, copy, limit=source.concurrency)
     ordered = [info for batch in batches for info in batch]  # the order of the outcomes
     copies = list(zip(ordered, [r for out in copied for r in out], strict=True))
@@ -100,17 +100,6 @@ async def export_run(
     for name, why in skipped:
         logger.warning("not exported: %s (%s)", name, why)
     return ExportResult(len(records), tuple(skipped), sum(r.size for r in records))
-
-
-_SMALL = 64 << 10  # dumps up to this size are read and written in groups
-
-
-def _small(info: DumpInfo) -> bool:
-    return info.size <= _SMALL
-
-
-def _size(info: DumpInfo) -> int:
-    return info.size
 
 
 def _record(info: DumpInfo, size: int, checksum: str) -> DumpRecord:
