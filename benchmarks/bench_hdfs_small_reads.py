@@ -168,9 +168,11 @@ def measure(cluster_dir: Path, dumps: int, repeat: int, data: str | None) -> dic
     t_raw, total = _best(repeat, lambda: anyio.run(raw_read, [a, b]))
     seconds = {
         "raw storage read (shards whole), runs a+b": t_raw,
-        "one ranged read per member, runs a+b": _best(
-            1,
-            lambda: anyio.run(member_reads, [a, b], None),  # minutes: once
+        f"one ranged read per member, first {SUBSET} of runs a+b": _best(
+            repeat, lambda: anyio.run(member_reads, [a, b], None, SUBSET)
+        ),
+        f"Run.read_many, dump_batches groups, first {SUBSET} of runs a+b": _best(
+            repeat, lambda: anyio.run(member_reads, [a, b], 0, SUBSET)
         ),
         "Run.read_many, 64 at a time, runs a+b": _best(
             repeat, lambda: anyio.run(member_reads, [a, b], 64)
