@@ -171,7 +171,7 @@ class Run:
         Neighbouring members of one shard (dumps in dump order) are fetched with one read of
         the span that holds them: one ranged request on HDFS instead of one per member. On a
         local storage every read is done in one worker-thread hop (for small dumps the hop
-        costs more than the read); elsewhere they are read one after the other.
+        costs more than the read); elsewhere up to 16 requests (files, spans) are in flight.
         """
         storage = await self._opened()
         root = storage.local_path("")
