@@ -280,3 +280,58 @@ async def test_other_storages_read_a_batch_with_requests_in_flight_together() ->
         got = await run.read_many(infos)
     assert all(isinstance(data, bytes) for data in got) and len(got) == 40
     assert Slow.peak == 16  # not one round trip after the other; 16 at most
+
+
+async def test_both_runs_the_two_at_once_and_raises_unwrapped() -> None:
+    from trajtrack.reader._gather import both
+
+    order: list[str] = []
+
+    async def step(name: str, delay: float) -> str:
+        order.append(f"{name} starts")
+        await anyio.sleep(delay)
+        order.append(f"{name} ends")
+        return name
+
+    assert await both(lambda: step("a", 0.05), lambda: step("b", 0.01)) == ("a", "b")
+    assert order == ["a starts", "b starts", "b ends", "a ends"]  # overlapped
+
+    async def fail() -> None:
+        await anyio.sleep(0.01)
+        raise StorageNotFoundError("gone")
+
+    order.clear()
+    with pytest.raises(StorageNotFoundError, match="gone"):  # not an exception group
+        await both(lambda: step("slow", 5.0), fail)
+    assert order == ["slow starts"]  # cancelled, not waited for
+
+
+async def test_diff_reads_both_runs_of_a_batch_at_the_same_time() -> None:
+    from trajtrack.reader import diff_runs
+
+    events: list[tuple[str, str]] = []
+
+    class Slow(MemoryStorage):
+        async def read(self, path: str) -> bytes:
+            if path.endswith(".pth"):
+                events.append(("start", self.url))
+                await anyio.sleep(0.02)
+                events.append(("end", self.url))
+            return await super().read(path)
+
+    runs = {}
+    for name in ("a", "b"):
+        url = f"memory://both/{name}"
+        runs[name] = storage = Slow(url)
+        async with Tracker(url, storage=storage) as tracker:
+            for i in range(5):
+                await tracker.dump({"x": torch.full((8,), float(i))}, f"d{i}")
+    async with (
+        open_run("memory://both/a", storage=runs["a"]) as run_a,
+        open_run("memory://both/b", storage=runs["b"]) as run_b,
+    ):
+        result = await diff_runs(run_a, run_b)
+    assert result.equal
+    first_b = events.index(("start", "memory://both/b"))
+    last_a = max(i for i, event in enumerate(events) if event == ("end", "memory://both/a"))
+    assert first_b < last_a  # B's reads began while A's were still in flight

@@ -29,7 +29,7 @@ from trajtrack.reader._batch_reads import SMALL_DUMP, read_batches
 from trajtrack.reader._compare import Difference, Tolerance, compare
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._files import LocalFile, inside_run, local_file, same_contents
-from trajtrack.reader._gather import gather_bounded
+from trajtrack.reader._gather import both, gather_bounded
 from trajtrack.reader._readahead import AVAILABLE as readahead_available, ReadAhead
 from trajtrack.reader._run import Run
 from trajtrack.reader._safe_load import check_loadable, load_dump_bytes, load_dump_file
@@ -275,8 +275,10 @@ class _Comparer:
                 self._read_and_compare, batch, limiter=self.small_cpu
             )
         else:
-            data_a = await self.run_a.read_many([a for _, a, _, _ in batch])  # type: ignore[misc]
-            data_b = await self.run_b.read_many([b for _, _, b, _ in batch])  # type: ignore[misc]
+            data_a, data_b = await both(  # each run its own storage: read at the same time
+                lambda: self.run_a.read_many([a for _, a, _, _ in batch]),  # type: ignore[misc]
+                lambda: self.run_b.read_many([b for _, _, b, _ in batch]),  # type: ignore[misc]
+            )
             results = await anyio.to_thread.run_sync(
                 self._compare_read, batch, data_a, data_b, limiter=self.small_cpu
             )

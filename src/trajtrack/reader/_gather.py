@@ -6,11 +6,36 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio
+from anyio.abc import TaskGroup
 
-__all__ = ["gather_bounded", "group_small"]
+__all__ = ["both", "gather_bounded", "group_small"]
 
 T = TypeVar("T")
 R = TypeVar("R")
+S = TypeVar("S")
+
+
+async def both(
+    first: Callable[[], Awaitable[R]], second: Callable[[], Awaitable[S]]
+) -> tuple[R, S]:
+    """``(await first(), await second())``, run at the same time. The first exception either
+    raises cancels the other and propagates as it is (not in an exception group)."""
+    results: list[Any] = [None, None]
+    failed: list[Exception] = []
+
+    async def run(index: int, fn: Callable[[], Awaitable[Any]], group: TaskGroup) -> None:
+        try:
+            results[index] = await fn()
+        except Exception as exc:  # re-raised below, unwrapped
+            failed.append(exc)
+            group.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run, 0, first, group)
+        group.start_soon(run, 1, second, group)
+    if failed:
+        raise failed[0]
+    return results[0], results[1]
 
 
 async def gather_bounded(
