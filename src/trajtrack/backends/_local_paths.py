@@ -40,11 +40,15 @@ def is_inside(real: str, real_root: str) -> bool:
     return real == real_root or real.startswith(real_root + os.sep)
 
 
-def _refuse(path: str, real: str) -> StoragePermissionError:
-    return StoragePermissionError(
-        f"refusing to use {path}: it resolves outside the destination ({real}), "
-        "through a symbolic link"
-    )
+def _followed_inside(path: str, real_root: str) -> str:
+    """``realpath(path)``, a path through a symbolic link, if it stays inside *real_root*."""
+    real = os.path.realpath(path)
+    if not is_inside(real, real_root):
+        raise StoragePermissionError(
+            f"refusing to use {path}: it resolves outside the destination ({real}), "
+            "through a symbolic link"
+        )
+    return real
 
 
 def resolve_inside(root: str, real_root: str, relative: str) -> str:
@@ -65,11 +69,7 @@ def resolve_inside(root: str, real_root: str, relative: str) -> str:
         except FileNotFoundError:
             return os.path.join(root, relative)  # nothing there to follow: opening will say so
         if stat.S_ISLNK(mode):
-            whole = os.path.join(root, relative)
-            real = os.path.realpath(whole)
-            if not is_inside(real, real_root):
-                raise _refuse(whole, real)
-            return real
+            return _followed_inside(os.path.join(root, relative), real_root)
     return path
 
 
@@ -110,11 +110,8 @@ def _open_level(parent: int, part: str, root: str, parts: Sequence[str], real_ro
             raise
         if not stat.S_ISLNK(os.stat(part, dir_fd=parent, follow_symlinks=False).st_mode):
             raise
-    target = os.path.join(root, *parts)  # a symbolic link: followed only if it stays inside
-    real = os.path.realpath(target)
-    if not is_inside(real, real_root):
-        raise _refuse(target, real)
-    return os.open(real, _DIR_FLAGS)
+    # A symbolic link: followed only if it stays inside.
+    return os.open(_followed_inside(os.path.join(root, *parts), real_root), _DIR_FLAGS)
 
 
 class DirectoryReader:

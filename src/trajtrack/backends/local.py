@@ -127,17 +127,6 @@ class LocalStorage:
     def _resolve(self, path: str) -> Path:
         return self._root.joinpath(*check_relative(path).split("/"))
 
-    def _check_inside(self, target: Path) -> None:
-        # Names cannot contain "..", but a symlink planted inside the destination could still
-        # lead outside it: refuse to go through one.
-        real_root = self._real_root or os.path.realpath(self._root)
-        real = os.path.realpath(target)
-        if not is_inside(real, real_root):
-            raise StoragePermissionError(
-                f"refusing to use {target}: it resolves outside the destination "
-                f"({real}), through a symbolic link"
-            )
-
     def _open_dir(self, parts: builtins.list[str], mode: int | None = None) -> int:
         """A descriptor of the directory ``root/parts...``, creating what is missing, never
         through a link leading out of the destination (:func:`open_directory`)."""
@@ -302,11 +291,8 @@ class LocalStorage:
         return found
 
     def _inside(self, target: str) -> bool:
-        try:
-            self._check_inside(Path(target))
-        except StoragePermissionError:
-            return False
-        return True
+        """Whether *target* (a symbolic link found by the listing) resolves inside the root."""
+        return is_inside(os.path.realpath(target), self._real_root or os.path.realpath(self._root))
 
     async def stat(self, path: str) -> FileInfo | None:
         return await anyio.to_thread.run_sync(self._stat_sync, path)
