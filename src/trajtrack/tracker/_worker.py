@@ -112,13 +112,14 @@ class Outcomes:
             offset=offset,
         )
         self._recorder.add(record)
-        self._ledger.committed(job, record, time.monotonic() - job.enqueued_at)
-        self._release(job)
+        latency = time.monotonic() - job.enqueued_at
+        self._release(job)  # before the handle resolves: a waiter sees the budget freed
+        self._ledger.committed(job, record, latency)
 
     def failed(self, job: Job, exc: BaseException) -> None:
         """*job* failed for good."""
-        self._ledger.failed(job, exc)
         self._release(job)
+        self._ledger.failed(job, exc)
 
     def retrying(self, what: str, attempt: int, delay: float, exc: StorageError) -> None:
         """A transient failure of *what*; retry number *attempt* in *delay* seconds."""
