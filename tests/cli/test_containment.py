@@ -61,6 +61,31 @@ def hostile_run(tmp_path: Path) -> Path:
     return run
 
 
+def test_each_shard_member_is_judged_by_its_own_shard_and_place(tmp_path: Path) -> None:
+    # Shards are checked once each, places once per member: members sharing a shard share
+    # its verdict and no more (a bad offset refuses that member only).
+    run = tmp_path / "run"
+    write_run(str(run), {"good": {"x": torch.arange(3)}})
+    real = ".trajtrack/shards/w-000001.tar"
+    _plant_record(
+        run,
+        _record_line("a.pth", shard=real, offset=0),
+        _record_line("b.pth", shard=real, offset=-1),
+        _record_line("c.pth", shard=real, offset=512),
+        _record_line("d.pth", shard="step0/w.tar", offset=0),
+        _record_line("e.pth", shard="step0/w.tar", offset=512),
+        _record_line("f.pth", shard="../w.tar", offset=0),
+    )
+    with SyncRun(run) as reader:
+        problems = {d.path: d.problem for d in reader.list()}
+    assert problems["good.pth"] is None
+    assert problems["a.pth"] is None and problems["c.pth"] is None
+    assert problems["b.pth"] == "its place in the shard (-1, 10 bytes) is invalid"
+    for path in ("d.pth", "e.pth"):
+        assert problems[path] == "its shard 'step0/w.tar' is not a shard of the run"
+    assert problems["f.pth"] == "its shard '../w.tar' is not a path inside the run"
+
+
 def test_ls_reports_every_escape_as_a_problem(
     hostile_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

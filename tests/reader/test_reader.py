@@ -155,7 +155,7 @@ async def test_listing_parses_and_merges_off_the_event_loop(
             await tracker.dump({"x": torch.zeros(3)}, f"d{i}")
     (tmp_path / "unrecorded.pth").write_bytes(b"a file no record describes")
     threads: dict[str, set[int]] = {"decode": set(), "merge": set()}
-    decode, from_record = _listing.decode_segment, _listing._from_record
+    decode, from_record = _listing.decode_segment_fields, _listing._from_record
 
     def watched_decode(data: bytes) -> object:
         threads["decode"].add(threading.get_ident())
@@ -165,7 +165,7 @@ async def test_listing_parses_and_merges_off_the_event_loop(
         threads["merge"].add(threading.get_ident())
         return from_record(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_listing, "decode_segment", watched_decode)
+    monkeypatch.setattr(_listing, "decode_segment_fields", watched_decode)
     monkeypatch.setattr(_listing, "_from_record", watched_merge)
     async with open_run(tmp_path) as run:
         dumps = await run.list()

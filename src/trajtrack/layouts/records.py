@@ -18,7 +18,16 @@ from typing import Any
 
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity
 
-__all__ = ["RECORDS_PREFIX", "DumpRecord", "decode_segment", "encode_segment", "new_writer_id"]
+__all__ = [
+    "RECORDS_PREFIX",
+    "DumpRecord",
+    "RecordFields",
+    "decode_segment",
+    "decode_segment_fields",
+    "encode_segment",
+    "new_writer_id",
+    "record_fields",
+]
 
 RECORDS_PREFIX = f"{RECORDS_DIR}/records"
 FORMAT_VERSION = 1
@@ -75,21 +84,35 @@ class DumpRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DumpRecord:
-        get = data.get
-        shard, offset = get("shard"), get("offset")
-        return cls(  # positional, in field order: a listing makes one per record line
-            str(data["name"]),
-            str(data["path"]),
-            int(data["size"]),
-            str(data["checksum"]),
-            str(get("host", "")),
-            int(get("pid", 0)),
-            int(get("rank", 0)),
-            str(get("writer", "")),
-            float(get("time", 0.0)),
-            None if shard is None else str(shard),
-            None if offset is None else int(offset),
-        )
+        return cls(*record_fields(data))
+
+
+RecordFields = tuple[str, str, int, str, str, int, int, str, float, str | None, int | None]
+"""A record line's values in :class:`DumpRecord`'s field order (what a reader keeps of a line:
+building the frozen dataclass costs more than parsing the line)."""
+
+
+def record_fields(data: dict[str, Any]) -> RecordFields:
+    """The values of one parsed record line, checked and converted.
+
+    Raises:
+        ValueError, KeyError, TypeError, AttributeError: The line is not a record.
+    """
+    get = data.get
+    shard, offset = get("shard"), get("offset")
+    return (
+        str(data["name"]),
+        str(data["path"]),
+        int(data["size"]),
+        str(data["checksum"]),
+        str(get("host", "")),
+        int(get("pid", 0)),
+        int(get("rank", 0)),
+        str(get("writer", "")),
+        float(get("time", 0.0)),
+        None if shard is None else str(shard),
+        None if offset is None else int(offset),
+    )
 
 
 def new_writer_id(who: WriterIdentity) -> str:
@@ -111,6 +134,12 @@ def encode_segment(records: list[DumpRecord]) -> bytes:
 
 def decode_segment(data: bytes) -> tuple[list[DumpRecord], int]:
     """Parse a segment; returns the records and the number of unreadable lines skipped."""
+    fields, bad = decode_segment_fields(data)
+    return [DumpRecord(*values) for values in fields], bad
+
+
+def decode_segment_fields(data: bytes) -> tuple[list[RecordFields], int]:
+    """:func:`decode_segment`, each record as its :data:`RecordFields`."""
     lines = [line for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
     parsed = _parse_whole(lines)
     if parsed is None:  # some line is not one JSON object: parse line by line
@@ -120,11 +149,11 @@ def decode_segment(data: bytes) -> tuple[list[DumpRecord], int]:
                 parsed.append(json.loads(line))
             except ValueError:
                 parsed.append(None)
-    records: list[DumpRecord] = []
+    records: list[RecordFields] = []
     bad = 0
     for item in parsed:
         try:
-            records.append(DumpRecord.from_json(item))
+            records.append(record_fields(item))
         except (ValueError, KeyError, TypeError, AttributeError):  # AttributeError: not a dict
             bad += 1
     return records, bad

@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 import os.path
 from collections.abc import Iterable
+from typing import Final
 
 import anyio.to_thread
 
 from trajtrack._exceptions import InvalidNameError, StorageError, StorageNotFoundError
 from trajtrack.backends import FileInfo, Storage, check_relative
 from trajtrack.layouts.names import is_internal_path, parse_temp_path, validate_name
-from trajtrack.layouts.records import RECORDS_PREFIX, DumpRecord, decode_segment
+from trajtrack.layouts.records import RECORDS_PREFIX, RecordFields, decode_segment_fields
 from trajtrack.layouts.shards import is_shard_path, scan_members
 from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order
 from trajtrack.reader._gather import gather_bounded
@@ -57,7 +58,7 @@ async def scan_run(storage: Storage, *, suffix: str, concurrency: int) -> RunLis
     if bad:
         logger.warning("%s: skipped %d unreadable record lines", storage.url, bad)
     shards = {f.path: f for f in files if is_shard_path(f.path) and parse_temp_path(f.path) is None}
-    recorded_shards = {r.shard for r in latest.values() if r.shard is not None}
+    recorded_shards = {r[_SHARD] for r in latest.values() if r[_SHARD] is not None}
     unindexed = [info for path, info in shards.items() if path not in recorded_shards]
     found = await gather_bounded(
         unindexed, lambda shard: _index_shard(storage, shard, suffix), limit=concurrency
@@ -67,7 +68,7 @@ async def scan_run(storage: Storage, *, suffix: str, concurrency: int) -> RunLis
 
 
 def _merge(
-    latest: dict[str, DumpRecord],
+    latest: dict[str, RecordFields],
     files: list[FileInfo],
     shards: dict[str, FileInfo],
     found: list[list[DumpInfo]],
@@ -75,7 +76,8 @@ def _merge(
 ) -> list[DumpInfo]:
     """The recorded dumps, the files and shard members no record describes, in dump order."""
     listed = {f.path: f for f in files if not is_internal_path(f.path)}
-    dumps = [_from_record(r, listed, shards) for r in latest.values()]
+    shard_problems: dict[str, str | None] = {}  # one check per shard, not per member
+    dumps = [_from_record(r, listed, shards, shard_problems) for r in latest.values()]
     unrecorded = [_unrecorded(info, suffix) for path, info in listed.items() if path not in latest]
     unrecorded += [d for members in found for d in members if d.path not in latest]
     dumps.extend(_newest_by_path(unrecorded))
@@ -106,49 +108,63 @@ async def _read_segment(storage: Storage, path: str) -> bytes:
         return b""
 
 
-def _latest(segments: Iterable[bytes]) -> tuple[dict[str, DumpRecord], int]:
+# Where a record's path, time and shard are in its RecordFields.
+_PATH: Final = 1
+_TIME: Final = 8
+_SHARD: Final = 9
+
+
+def _latest(segments: Iterable[bytes]) -> tuple[dict[str, RecordFields], int]:
     """The newest record of every path in the *segments*, and the number of unreadable lines."""
-    latest: dict[str, DumpRecord] = {}
+    latest: dict[str, RecordFields] = {}
     bad = 0
     for data in segments:
-        records, skipped = decode_segment(data)
+        records, skipped = decode_segment_fields(data)
         bad += skipped
         for record in records:
-            known = latest.get(record.path)
-            if known is None or record.time >= known.time:
-                latest[record.path] = record
+            path = record[_PATH]
+            known = latest.get(path)
+            if known is None or record[_TIME] >= known[_TIME]:
+                latest[path] = record
     return latest, bad
 
 
 def _from_record(
-    record: DumpRecord, listed: dict[str, FileInfo], shards: dict[str, FileInfo]
+    record: RecordFields,
+    listed: dict[str, FileInfo],
+    shards: dict[str, FileInfo],
+    shard_problems: dict[str, str | None],
 ) -> DumpInfo:
-    problem = _path_problem(record.path)
-    if record.shard is None:
-        file = listed.get(record.path)
+    name, path, size, checksum, host, pid, rank, writer, time, shard_path, offset = record
+    problem = _path_problem(path)
+    if shard_path is None:
+        file = listed.get(path)
         stored = None if file is None else file.size
         if problem is None and file is not None and file.outside:
             problem = _OUTSIDE
     else:
-        problem = problem or _shard_problem(record)
-        shard = shards.get(record.shard)
-        stored = None if shard is None else _held(shard.size, record.offset or 0, record.size)
+        if problem is None:
+            if shard_path not in shard_problems:
+                shard_problems[shard_path] = _shard_problem(shard_path)
+            problem = shard_problems[shard_path] or _place_problem(offset, size)
+        shard = shards.get(shard_path)
+        stored = None if shard is None else _held(shard.size, offset or 0, size)
         if problem is None and shard is not None and shard.outside:
             problem = _OUTSIDE
     return DumpInfo(  # positional, in field order: one per recorded dump
-        record.name,
-        record.path,
-        record.size,
-        record.checksum,
-        record.writer,
-        record.host,
-        record.pid,
-        record.rank,
-        record.time,
+        name,
+        path,
+        size,
+        checksum,
+        writer,
+        host,
+        pid,
+        rank,
+        time,
         True,  # recorded
         stored,
-        record.shard,
-        record.offset,
+        shard_path,
+        offset,
         problem,
     )
 
@@ -166,16 +182,19 @@ def _path_problem(path: str) -> str | None:
     return None
 
 
-def _shard_problem(record: DumpRecord) -> str | None:
-    shard = record.shard or ""
+def _shard_problem(shard: str) -> str | None:
     try:
         check_relative(shard)
     except StorageError:
         return f"its shard {shard!r} is not a path inside the run"
     if not is_shard_path(shard):
         return f"its shard {shard!r} is not a shard of the run"
-    if record.offset is None or record.offset < 0 or record.size < 0:
-        return f"its place in the shard ({record.offset}, {record.size} bytes) is invalid"
+    return None
+
+
+def _place_problem(offset: int | None, size: int) -> str | None:
+    if offset is None or offset < 0 or size < 0:
+        return f"its place in the shard ({offset}, {size} bytes) is invalid"
     return None
 
 
