@@ -215,15 +215,14 @@ async def test_a_dump_frees_its_budget_before_its_handle_resolves(
     # A flush that returns, or a handle that resolves, must find the budget already freed.
     seen: list[tuple[int, int]] = []  # (pending_items, pending_bytes) as each handle resolves
     async with Tracker(tmp_path, layout=layout, workers=2) as tracker:  # type: ignore[arg-type]
+
+        def resolved(_: object) -> None:  # in whichever thread settles the dump
+            now = tracker.statistics()
+            seen.append((now.pending_items, now.pending_bytes))
+
         for i in range(5):
             handle = tracker.dump_nowait({"x": torch.full((64,), float(i))}, f"d{i}")
-            stats = tracker.statistics
-
-            def resolved(_: object, stats: Callable[[], Any] = stats) -> None:
-                now = stats()
-                seen.append((now.pending_items, now.pending_bytes))
-
-            handle._future.add_done_callback(resolved)
+            handle.add_done_callback(resolved)
             await tracker.flush()
             assert tracker.statistics().pending_bytes == 0
     assert seen == [(0, 0)] * 5
