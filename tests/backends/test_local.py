@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import gc
+import io
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -7,11 +9,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from trajtrack import ConfigurationError, StoragePermissionError
-from trajtrack.backends import Storage, open_storage
+from trajtrack.backends import (
+    Storage,
+    WriteResult,
+    checksum_of,
+    open_storage,
+    write_payload_unbuffered,
+)
 from trajtrack.backends.local import LocalStorage
 from trajtrack.tracker._payloads import BytesPayload
+from trajtrack.tracker._snapshot import snapshot_plain
 
 from .contract import Plant, StorageContract
 
@@ -247,3 +257,84 @@ async def test_the_listing_is_what_os_walk_finds_without_following_links(tmp_pat
     assert (sizes["top.pth"], sizes["a/mid.pth"], sizes["a/b/deep.pth"]) == (1, 2, 3)
     prefixed = await LocalStorage(str(root)).list("a/b")
     assert [f.path for f in prefixed] == ["a/b/deep.pth"]
+
+
+class _CountingFile(io.FileIO):
+    """A raw file that counts the writes it is given."""
+
+    writes: list[int]
+
+    def write(self, data: Any) -> int:
+        self.writes.append(memoryview(data).nbytes)
+        return super().write(data)
+
+
+def _counting_file(path: Path) -> _CountingFile:
+    raw = _CountingFile(path, "wb")
+    raw.writes = []
+    return raw
+
+
+class _InPieces:
+    """A payload that writes itself in many small pieces, as ``torch.save`` does."""
+
+    def __init__(self, pieces: int) -> None:
+        self.data = bytes(range(256)) * (pieces // 256 + 1)
+        self.pieces = pieces
+
+    @property
+    def nbytes(self) -> int:
+        return self.pieces
+
+    def write_to(self, out: Any) -> None:
+        for i in range(self.pieces):
+            out.write(self.data[i : i + 1])
+
+
+def test_a_payload_written_in_small_pieces_reaches_a_raw_file_through_a_buffer(
+    tmp_path: Path,
+) -> None:
+    payload = _InPieces(5000)
+    with _counting_file(tmp_path / "f") as raw:
+        result = write_payload_unbuffered(payload, raw, 1 << 20)
+        gc.collect()  # the buffer, collected, must not close the caller's file
+        assert not raw.closed
+        raw.write(b"!")  # still the caller's to write to and close
+        assert raw.writes == [5000, 1]  # one write for the 5,000 pieces
+    expected = payload.data[:5000]
+    assert (tmp_path / "f").read_bytes() == expected + b"!"
+    assert result == WriteResult(size=5000, checksum=checksum_of(expected))
+
+
+def test_an_archive_goes_straight_into_a_raw_file(tmp_path: Path) -> None:
+    tensors = {"obs": torch.randn(1 << 18), "actions": torch.arange(1 << 15)}
+    payload = snapshot_plain(tensors)
+    with _counting_file(tmp_path / "f") as raw:
+        result = write_payload_unbuffered(payload, raw, 1 << 20)
+    # Each storage in a write of its own, from the tensor's memory (no copy into a buffer).
+    assert {1 << 20, 1 << 18} <= set(raw.writes) and len(raw.writes) <= 6
+    data = (tmp_path / "f").read_bytes()
+    assert result == WriteResult(size=len(data), checksum=checksum_of(data))
+    loaded = torch.load(tmp_path / "f", weights_only=True)
+    assert all(torch.equal(loaded[key], tensors[key]) for key in tensors)
+
+
+async def test_the_local_storage_hands_payloads_an_unbuffered_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    given: list[type] = []
+    real = write_payload_unbuffered
+
+    def spy(payload: Any, raw: Any, buffer_size: int) -> WriteResult:
+        given.append(type(raw))
+        return real(payload, raw, buffer_size)
+
+    monkeypatch.setattr("trajtrack.backends.local.write_payload_unbuffered", spy)
+    storage = LocalStorage(str(tmp_path / "dest"))
+    await storage.prepare()
+    await storage.write_atomic("a.pth", snapshot_plain({"x": torch.ones(4)}), overwrite=True)
+    await storage.aclose()
+    assert given == [io.FileIO]
+    assert torch.equal(
+        torch.load(tmp_path / "dest" / "a.pth", weights_only=True)["x"], torch.ones(4)
+    )

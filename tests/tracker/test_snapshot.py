@@ -11,7 +11,12 @@ import torch
 
 from trajtrack._exceptions import SerializationError
 from trajtrack.tracker._payloads import DeferredPayload
-from trajtrack.tracker._snapshot import SMALL_COPY_MAX_BYTES, _small_copy, snapshot_plain
+from trajtrack.tracker._snapshot import (
+    RELEASING_COPY_MIN_BYTES,
+    SMALL_COPY_MAX_BYTES,
+    _small_copy,
+    snapshot_plain,
+)
 
 
 @pytest.mark.parametrize(
@@ -53,6 +58,70 @@ def test_small_cpu_tensors_are_copied_exactly_and_independently(source: torch.Te
 )
 def test_other_tensors_take_torchs_copy(source: torch.Tensor) -> None:
     assert _small_copy(source) is None
+
+
+def _spy_on_copyto(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    sizes: list[int] = []
+    real = np.copyto
+
+    def spy(dst: Any, src: Any, **kwargs: Any) -> None:
+        sizes.append(np.asarray(src).nbytes)
+        real(dst, src, **kwargs)
+
+    monkeypatch.setattr(np, "copyto", spy)
+    return sizes
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        torch.randn(RELEASING_COPY_MIN_BYTES // 4),
+        torch.randn(64, RELEASING_COPY_MIN_BYTES // 256),  # 2-D, exactly the threshold
+        torch.arange(RELEASING_COPY_MIN_BYTES // 8 + 3, dtype=torch.int64),
+        torch.rand(RELEASING_COPY_MIN_BYTES + 5) > 0.5,
+        torch.randn(RELEASING_COPY_MIN_BYTES // 8, dtype=torch.complex64),
+    ],
+    ids=["float", "2-d", "int64", "bool", "complex"],
+)
+def test_large_cpu_tensors_are_copied_exactly_with_the_gil_released(
+    source: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copied = _spy_on_copyto(monkeypatch)
+    copy = _small_copy(source)
+    assert copy is not None
+    assert copied == [source.numel() * source.element_size()]  # numpy's copy, GIL released
+    assert copy.dtype == source.dtype and copy.shape == source.shape and copy.is_contiguous()
+    assert torch.equal(copy, source)
+    assert copy.data_ptr() != source.data_ptr()
+    first = source.view(-1)[0]
+    source.view(-1)[0] = ~first if source.dtype is torch.bool else first + 1
+    assert not torch.equal(copy, source)  # the copy did not follow the change
+
+
+def test_copies_below_the_threshold_hold_the_gil(monkeypatch: pytest.MonkeyPatch) -> None:
+    copied = _spy_on_copyto(monkeypatch)
+    below = torch.randn(RELEASING_COPY_MIN_BYTES // 4 - 1)
+    copy = _small_copy(below)
+    assert copy is not None and torch.equal(copy, below)
+    assert copied == []  # the bytes copy, which never releases it
+
+
+def test_only_a_tensor_that_requires_grad_is_detached(monkeypatch: pytest.MonkeyPatch) -> None:
+    # detach() is a torch op: it releases the GIL, and getting it back can take a switch
+    # interval when other threads are busy. A tensor outside autograd does not need it.
+    detached: list[bool] = []
+    real = torch.Tensor.detach
+
+    def spy(self: torch.Tensor) -> torch.Tensor:
+        detached.append(self.requires_grad)
+        return real(self)
+
+    monkeypatch.setattr(torch.Tensor, "detach", spy)
+    plain, graded = torch.randn(3), torch.randn(3, requires_grad=True)
+    copy = snapshot_plain({"plain": plain, "graded": graded}).materialize()
+    assert detached == [True]  # the tensor that requires grad, and only it
+    assert torch.equal(copy["plain"], plain) and not copy["plain"].requires_grad
+    assert copy["graded"].requires_grad and torch.equal(copy["graded"].detach(), graded.detach())
 
 
 def test_a_snapshot_keeps_values_dtypes_grad_and_sharing() -> None:

@@ -21,6 +21,7 @@ from trajtrack.backends._protocol import (
     checksum_of,
     write_each_concurrently,
     write_payload,
+    write_payload_unbuffered,
 )
 from trajtrack.backends._registry import (
     StorageFactory,
@@ -46,4 +47,5 @@ __all__ = [
     "scheme_of",
     "write_each_concurrently",
     "write_payload",
+    "write_payload_unbuffered",
 ]

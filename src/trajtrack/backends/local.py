@@ -40,7 +40,7 @@ from trajtrack.backends._protocol import (
     WriteResult,
     check_range,
     check_relative,
-    write_payload,
+    write_payload_unbuffered,
 )
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
@@ -231,9 +231,8 @@ class LocalStorage:
             finally:
                 os.close(fd)
             return payload.counted()
-        with os.fdopen(fd, "wb", buffering=_WRITE_BUFFER) as handle:
-            result = write_payload(payload, handle)
-            handle.flush()
+        with os.fdopen(fd, "wb", buffering=0) as handle:
+            result = write_payload_unbuffered(payload, handle, _WRITE_BUFFER)
             if self._fsync:
                 os.fsync(handle.fileno())
         return result
