@@ -152,7 +152,8 @@ async def diff_runs(
     Raises:
         StorageError: Listing a run failed (per-dump read failures become ``error`` entries).
     """
-    listed_a, listed_b = await _list_both(run_a, run_b, names)
+    # Both listings at once; the first failure cancels the other and raises as it is.
+    listed_a, listed_b = await both(lambda: run_a.list(names), lambda: run_b.list(names))
     pairs = _pairs(listed_a, listed_b)
     limit = max(1, min(run_a.concurrency, run_b.concurrency))
     # Loading and comparing is CPU work: more threads than cores only contend for the GIL,
@@ -338,28 +339,6 @@ class _Comparer:
         except (TrajtrackError, OSError) as exc:
             return _failed(pair, exc)
         return _compared(pair, found)
-
-
-async def _list_both(
-    run_a: Run, run_b: Run, names: str | None
-) -> tuple[list[DumpInfo], list[DumpInfo]]:
-    """Both listings at once; a failure raises as ``run_a.list()`` / ``run_b.list()`` would."""
-    listed: dict[int, list[DumpInfo] | Exception] = {}
-
-    async def listing(key: int, run: Run) -> None:
-        try:
-            listed[key] = await run.list(names)
-        except Exception as exc:  # re-raised below, unwrapped, A's first
-            listed[key] = exc
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(listing, 0, run_a)
-        group.start_soon(listing, 1, run_b)
-    for key in (0, 1):
-        failure = listed[key]
-        if isinstance(failure, Exception):
-            raise failure
-    return listed[0], listed[1]  # type: ignore[return-value]  # no exceptions left
 
 
 def _failed(pair: _Pair, exc: BaseException) -> DumpComparison:
