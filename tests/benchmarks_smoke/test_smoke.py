@@ -134,6 +134,18 @@ def test_small_reads_benchmark_smoke_run(tmp_path: Path) -> None:
         assert counts["verify"] == {"ok": 60}
 
 
+def test_snapshot_benchmark_smoke_run(tmp_path: Path) -> None:
+    done = run_benchmark(
+        tmp_path, "bench_snapshot.py", "--dumps", "12", "--rounds", "2", "--scratch", str(tmp_path)
+    )
+    assert "committed while dumping" in done.stdout
+    result = json.loads((tmp_path / "results" / "snapshot.json").read_text())
+    assert result["dumps"] == 12 and len(result["tracker_vs_inline"]) == 2
+    for tracker in result["rounds"]["tracker"]:
+        assert 0 <= tracker["committed_while_dumping"] <= 12
+    assert list(tmp_path.glob("trajtrack-snapshot-*")) == []  # its scratch is removed
+
+
 def test_diff_benchmark_has_the_small_dump_case(tmp_path: Path) -> None:
     done = run_benchmark(
         tmp_path,
