@@ -5,8 +5,10 @@ change. Two ways to get there, chosen per object:
 
 * **Plain data** — nested ``dict``/``list``/``tuple`` of tensors, numpy arrays and immutable
   scalars (what trajectories usually are): the containers are rebuilt and the tensors copied
-  (CPU ``clone``, or for CUDA a device clone on the current stream followed by an asynchronous
-  copy into pinned host memory on a side stream). Serialization then happens later, in an
+  (contiguous CPU tensors through numpy, never a torch op, which would release the GIL: holding
+  it up to 256 KiB, releasing it above; other CPU tensors by ``clone``; for CUDA a device clone
+  on the current stream followed by an asynchronous copy into pinned host memory on a side
+  stream). Serialization then happens later, in an
   upload worker, straight into the destination's temporary file. A 4 KB tensor dict costs a few
   microseconds here instead of ~120 us of ``torch.save``.
 * **Anything else** (dataclasses, custom objects, object arrays): serialized once, in a worker
