@@ -259,14 +259,8 @@ async def write_each_concurrently(
 
 def write_payload(payload: Payload, out: BinaryIO) -> WriteResult:
     """Write *payload* into *out* (blocking); its size and CRC-32 (see :class:`Payload`)."""
-    counted = getattr(payload, "write_counted", None)
-    if counted is not None:
-        result: WriteResult | None = counted(out)
-        if result is not None:
-            return result
-    writer = ChecksumWriter(out)
-    payload.write_to(writer)  # type: ignore[arg-type]  # a minimal BinaryIO
-    return writer.result()
+    result = _write_counted(payload, out)
+    return result if result is not None else _write_checksummed(payload, out)
 
 
 def write_payload_unbuffered(payload: Payload, raw: BinaryIO, buffer_size: int) -> WriteResult:
@@ -277,16 +271,26 @@ def write_payload_unbuffered(payload: Payload, raw: BinaryIO, buffer_size: int) 
     buffer, and no buffer to allocate (a fresh megabyte per file cost ~250 page faults here).
     Anything else is written through a buffer of *buffer_size* bytes.
     """
-    counted = getattr(payload, "write_counted", None)
-    if counted is not None:
-        result: WriteResult | None = counted(raw)
-        if result is not None:
-            return result
+    result = _write_counted(payload, raw)
+    if result is not None:
+        return result
     buffered = io.BufferedWriter(raw, buffer_size)
-    writer = ChecksumWriter(buffered)
-    payload.write_to(writer)  # type: ignore[arg-type]  # a minimal BinaryIO
+    result = _write_checksummed(payload, buffered)
     buffered.flush()
     buffered.detach()  # the caller closes *raw*; collecting the buffer must not close it
+    return result
+
+
+def _write_counted(payload: Payload, out: BinaryIO) -> WriteResult | None:
+    """The payload's own counted write (``write_counted``), or ``None`` if it has none or
+    declines (then it wrote nothing)."""
+    counted = getattr(payload, "write_counted", None)
+    return None if counted is None else counted(out)
+
+
+def _write_checksummed(payload: Payload, out: BinaryIO) -> WriteResult:
+    writer = ChecksumWriter(out)
+    payload.write_to(writer)  # type: ignore[arg-type]  # a minimal BinaryIO
     return writer.result()
 
 
