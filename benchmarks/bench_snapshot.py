@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import resource
 import shutil
 import statistics
@@ -28,11 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import PAYLOAD_BYTES, machine, payload, table, write_results
+from benchmarks.bench_core import throughput_inline
 from trajtrack import Tracker
 
 
@@ -60,13 +58,8 @@ async def _tracker_round(obj: Any, n: int, root: Path) -> dict[str, float]:
 
 
 def _inline_round(obj: Any, n: int, root: Path) -> dict[str, float]:
-    root.mkdir(parents=True, exist_ok=True)
-    faults, cpu, start = _faults(), time.process_time(), time.perf_counter()
-    for i in range(n):
-        temp = root / f".d{i}.tmp"
-        torch.save(obj, temp)
-        os.replace(temp, root / f"d{i}.pth")
-    seconds = time.perf_counter() - start
+    faults, cpu = _faults(), time.process_time()
+    seconds = throughput_inline(obj, n, root)  # bench_core's inline loop, the same work
     return {
         "dumps_per_s": n / seconds,
         "cpu_us_per_dump": (time.process_time() - cpu) / n * 1e6,
