@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import struct
+import threading
 from typing import Final
 
 __all__ = [
@@ -109,11 +110,34 @@ def check_opcodes(pickled: bytes, names: list[bytes] | None = None) -> None:
     one ``LONG_BINPUT`` could make it allocate gigabytes (torch's keeps a dict).
 
     *names*: where to collect the argument of each ``GLOBAL`` (``b"module\\nname\\n"``), the
-    only opcode of the set that names a global."""
+    only opcode of the set that names a global.
+
+    A pickle that matches one already scanned in every byte the scan looks at (the dumps of a
+    run differ in their numbers and strings, rarely in their structure) takes that scan's
+    verdict (:class:`_Skeletons`): one comparison instead of a walk over its opcodes.
+    """
+    found = _SKELETONS.match(pickled)
+    if found is None:
+        kept = None if _SKELETONS.full else bytearray(len(pickled))
+        found = _scan(pickled, kept)
+        if kept is not None:
+            _SKELETONS.add(pickled, kept, found)
+    if names is not None:
+        names.extend(found)
+
+
+def _scan(pickled: bytes, kept: bytearray | None) -> tuple[bytes, ...]:
+    """The ``GLOBAL`` arguments of *pickled* (declined as :func:`check_opcodes` says); in
+    *kept* (if given: zeros, as long as *pickled*), 255 for each byte the walk depends on:
+    every opcode, length prefix, ``GLOBAL`` argument and memo index, not the numbers and the
+    strings' contents it skips."""
     size = len(pickled)
+    names: list[bytes] = []
     at = 0
     while at < size:
         opcode = pickled[at]
+        if kept is not None:
+            kept[at] = 255
         if opcode in _ONE_BYTE_ARG:  # the most common ones first (BINPUT after every object)
             at += 2
             continue
@@ -123,19 +147,77 @@ def check_opcodes(pickled: bytes, names: list[bytes] | None = None) -> None:
         at += 1
         if arg == _NO_ARG:
             if opcode == _STOP:
-                return
+                return tuple(names)
         elif arg == _LINES:  # GLOBAL: module and name, each up to a newline
             end = pickled.index(b"\n", pickled.index(b"\n", at) + 1) + 1
-            if names is not None:
-                names.append(pickled[at:end])
+            names.append(pickled[at:end])
+            if kept is not None:
+                kept[at:end] = _ALL_KEPT * (end - at)
             at = end
         elif arg < 0:  # a length of -arg bytes, then that many bytes
+            if kept is not None:
+                kept[at : at - arg] = _ALL_KEPT * -arg
             at += -arg + int.from_bytes(pickled[at : at - arg], "little")
         else:
-            if opcode in _MEMO and int.from_bytes(pickled[at : at + arg], "little") > size:
-                raise Declined
+            if opcode in _MEMO:
+                if kept is not None:
+                    kept[at : at + arg] = _ALL_KEPT * arg
+                if int.from_bytes(pickled[at : at + arg], "little") > size:
+                    raise Declined
             at += arg
     raise Declined  # no STOP
+
+
+_ALL_KEPT: Final = b"\xff"
+
+
+class _Skeletons:
+    """The verdicts of pickles scanned so far, each as the bytes its walk depended on.
+
+    A pickle of the same length that has the same bytes wherever a scanned one's walk looked
+    is walked the same way by :func:`_scan`: each opcode, length and memo index it reads is
+    the same, so are the ``GLOBAL`` lines, and what differs (a number, a string's contents)
+    is skipped unread. It gets the same verdict and names. Bounded: up to :attr:`LIMIT`
+    skeletons, the first ones seen; thread-safe.
+    """
+
+    LIMIT: Final = 64
+
+    def __init__(self) -> None:
+        self._by_length: dict[int, list[tuple[int, int, tuple[bytes, ...]]]] = {}
+        self._count = 0
+        self._lock = threading.Lock()
+
+    @property
+    def full(self) -> bool:
+        return self._count >= self.LIMIT
+
+    def match(self, pickled: bytes) -> tuple[bytes, ...] | None:
+        """The names of a scanned pickle *pickled* matches, or ``None``."""
+        candidates = self._by_length.get(len(pickled))
+        if not candidates:
+            return None
+        value = int.from_bytes(pickled, "little")
+        for keep, kept_value, names in candidates:
+            if value & keep == kept_value:
+                return names
+        return None
+
+    def add(self, pickled: bytes, kept: bytearray, names: tuple[bytes, ...]) -> None:
+        """Remember the verdict of *pickled* (scanned: no ``Declined``)."""
+        keep = int.from_bytes(kept, "little")
+        entry = (keep, int.from_bytes(pickled, "little") & keep, names)
+        with self._lock:
+            if self._count < self.LIMIT:
+                self._by_length.setdefault(len(pickled), []).append(entry)
+                self._count += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_length, self._count = {}, 0
+
+
+_SKELETONS: Final = _Skeletons()
 
 
 def _records(data: bytes) -> tuple[dict[str, tuple[int, int]], int]:
