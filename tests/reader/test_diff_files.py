@@ -111,7 +111,7 @@ async def test_small_local_pairs_compared_in_batches_keep_their_own_outcomes(
 ) -> None:
     from trajtrack.reader import _batch_reads
 
-    monkeypatch.setattr(_batch_reads, "_LOCAL_BATCH", 4)  # 10 pairs: batches of 4, 4 and 2
+    monkeypatch.setattr(_batch_reads, "_BATCH", 4)  # 10 pairs: batches of 4, 4 and 2
     hops: list[int] = []
     real = diff_module._Comparer._compare_read
 

@@ -105,7 +105,7 @@ async def verify_run(
 
     done = [0]
     batches = await gather_bounded(
-        dump_batches(to_read, local=reader is not None),
+        dump_batches(to_read),
         check,
         limit=source.concurrency,
     )

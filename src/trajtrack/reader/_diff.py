@@ -255,17 +255,16 @@ class _Comparer:
         )
 
     def batches(self, pairs: list[_Pair]) -> list[list[_Pair]]:
-        """*pairs* in order, small pairs in groups: read with ``read_many`` (a local storage:
-        one thread hop; elsewhere larger groups, so that neighbouring shard members make
-        longer spans, fewer requests), then loaded and compared in one hop. For small files,
-        loading from the bytes is faster than torch opening each file (measured: 4 KB dumps,
-        30% faster)."""
+        """*pairs* in order, small pairs in groups (:func:`read_batches`): read with
+        ``read_many`` (a local storage: in the hop that compares them), then loaded and
+        compared in one hop. For small files, loading from the bytes is faster than torch
+        opening each file (measured: 4 KB dumps, 30% faster)."""
 
         def small(pair: _Pair) -> bool:
             _, a, b, _ = pair
             return a is not None and b is not None and _small_pair(a, b)
 
-        return read_batches(pairs, small, _pair_bytes, local=self.readers is not None)
+        return read_batches(pairs, small, _pair_bytes)
 
     async def compare_batch(self, batch: list[_Pair]) -> list[DumpComparison]:
         """Compare the pairs of one batch (see :meth:`batches`)."""

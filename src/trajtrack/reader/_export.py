@@ -86,8 +86,7 @@ async def export_run(
         return outcomes
 
     done = [0]
-    local = source.storage.local_path("") is not None
-    batches = dump_batches(todo, local=local)
+    batches = dump_batches(todo)
     copied = await gather_bounded(batches, copy, limit=source.concurrency)
     ordered = [info for batch in batches for info in batch]  # the order of the outcomes
     copies = list(zip(ordered, [r for out in copied for r in out], strict=True))
