@@ -41,7 +41,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import cluster_env, table, with_hdfs_cluster, write_results
-from benchmarks.bench_small_reads import prepare_process, sample
+from benchmarks.bench_small_reads import as_the_cli, prepare_process, sample
 from trajtrack import Tracker
 from trajtrack.backends import BytesPayload, open_storage
 from trajtrack.cli.verify import verify_run
@@ -181,9 +181,9 @@ def measure(cluster_dir: Path, dumps: int, repeat: int, data: str | None) -> dic
             repeat, lambda: anyio.run(member_reads, [a, b], 0)
         ),
     }
-    t_same, same = _best(repeat, lambda: anyio.run(diff, a, b))
-    t_differ, differ = _best(repeat, lambda: anyio.run(diff, a, c))
-    t_verify, verified = _best(repeat, lambda: anyio.run(verify, a))
+    t_same, same = _best(repeat, lambda: as_the_cli(diff, a, b))
+    t_differ, differ = _best(repeat, lambda: as_the_cli(diff, a, c))
+    t_verify, verified = _best(repeat, lambda: as_the_cli(verify, a))
     seconds |= {
         "diff, identical runs": t_same,
         "diff, every dump differs": t_differ,

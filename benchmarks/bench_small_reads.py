@@ -11,6 +11,9 @@ every dump differs in one element, per layout. Then, in one process, with a warm
   with the CLI's defaults (what ``trajtrack diff A B`` does, less the printing);
 * **verify**: ``trajtrack.cli.verify.verify_run`` (what ``trajtrack verify RUN`` does).
 
+Both run as the CLI runs them: one thread for torch, the allow-list widened, the garbage
+collector set as the command sets it (:func:`as_the_cli`).
+
 The ratios are the baseline's time over the command's (100% = as fast as one thread only
 reading the bytes). Issue 16's targets (files layout): diff of identical runs >= 50%, of
 different runs >= 20%, verify >= 50%; issue 14's (shards): diff of two sharded runs >= 50% of
@@ -28,9 +31,9 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import torch
@@ -39,10 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import table, write_results
 from trajtrack import Tracker
+from trajtrack.cli._collector import collected_every
 from trajtrack.cli.verify import verify_run
 from trajtrack.reader import allow_in_this_process, diff_runs, open_run
 
 LAYOUTS = ("files", "shards")
+T = TypeVar("T")
 
 
 def sample(i: int, differ: bool) -> dict[str, Any]:
@@ -124,9 +129,9 @@ def measure_layout(data: Path, dumps: int, layout: str, repeat: int) -> dict[str
     t_read_ab = best(repeat, lambda: read_one_thread(files_ab))
     t_read_ac = best(repeat, lambda: read_one_thread(files_ac))
     t_read_a = best(repeat, lambda: read_one_thread(files_a))
-    t_same, same = best(repeat, lambda: anyio.run(_diff, a, b))
-    t_differ, differ = best(repeat, lambda: anyio.run(_diff, a, c))
-    t_verify, verified = best(repeat, lambda: anyio.run(_verify, a))
+    t_same, same = best(repeat, lambda: as_the_cli(_diff, a, b))
+    t_differ, differ = best(repeat, lambda: as_the_cli(_diff, a, c))
+    t_verify, verified = best(repeat, lambda: as_the_cli(_verify, a))
     return {
         "files_per_run": len(files_a),
         "bytes_per_run": sum(p.stat().st_size for p in files_a),
@@ -172,6 +177,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--data", type=Path, default=None, help="keep (and reuse) runs here")
     parser.add_argument("--layout", choices=LAYOUTS, action="append", help="only this layout")
     return parser.parse_args()
+
+
+def as_the_cli(command: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``anyio.run(command, *args)`` as the ``trajtrack`` command runs its handler: with the
+    garbage collector as the CLI sets it (``trajtrack.cli._collector``)."""
+    with collected_every():
+        return anyio.run(command, *args)
 
 
 def prepare_process() -> None:

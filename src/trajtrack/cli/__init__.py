@@ -24,6 +24,7 @@ import trajtrack.cli.ls as ls
 import trajtrack.cli.show as show
 import trajtrack.cli.verify as verify
 from trajtrack._exceptions import TrajtrackError
+from trajtrack.cli._collector import collected_every
 from trajtrack.cli._common import EXIT_ERROR, Streams
 from trajtrack.reader import allow_in_this_process
 
@@ -95,7 +96,8 @@ def main(
     # call never widens it; it loads such dumps in trajtrack's worker process instead).
     allow_in_this_process()
     try:
-        code: int = anyio.run(args.handler, args, streams)
+        with collected_every():  # not every 700 allocations (see trajtrack.cli._collector)
+            code: int = anyio.run(args.handler, args, streams)
     except KeyboardInterrupt:
         streams.note("trajtrack: interrupted")
         return 130
