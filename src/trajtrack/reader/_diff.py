@@ -355,8 +355,19 @@ def _compared(pair: _Pair, found: list[Difference]) -> DumpComparison:
 
 
 def _small_pair(a: DumpInfo, b: DumpInfo) -> bool:
-    readable = _readable(a) and _readable(b)
-    return readable and max(a.size, b.size, a.stored_size or 0, b.stored_size or 0) <= _SMALL
+    """Both readable (:func:`_readable`) and no larger than :data:`_SMALL`, recorded and
+    stored (written out: asked twice of every pair)."""
+    stored_a, stored_b = a.stored_size, b.stored_size
+    return (
+        stored_a is not None
+        and stored_b is not None
+        and a.problem is None
+        and b.problem is None
+        and a.size <= _SMALL
+        and b.size <= _SMALL
+        and stored_a <= _SMALL
+        and stored_b <= _SMALL
+    )
 
 
 def _pair_bytes(pair: _Pair) -> int:
