@@ -7,6 +7,7 @@ imported explicitly by the users who want them.
 
 from __future__ import annotations
 
+import trajtrack._warm  # noqa: F401  (before any event loop runs: see the module)
 from trajtrack._exceptions import (
     ConfigurationError as ConfigurationError,
     DumpDroppedError as DumpDroppedError,
