@@ -13,7 +13,7 @@ and one whose every dump differs in one element. Then, in one process, best of `
 * **Run.read_many, in batches**: the members of runs a and b in dump order, in the groups
   ``diff``, ``verify`` and ``export`` use off a local disk (``reader._batch_reads.read_batches``,
   ``trajtrack.reader.dump_batches``: up to 1,024 dumps, 4 MiB);
-  and in groups of 64, what they used before (and still use on a local disk);
+  and in groups of 64, what they used before;
 * **diff, identical runs**, **diff, every dump differs** and **verify** (``diff_runs`` and
   ``verify_run`` with the CLI's defaults).
 
