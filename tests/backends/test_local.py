@@ -119,6 +119,21 @@ async def test_a_link_that_stays_inside_may_be_written_through(tmp_path: Path) -
     assert (dest / "real" / "new" / "x.pth").read_bytes() == b"x"
 
 
+async def test_a_prefix_through_a_link_leading_out_is_not_listed(tmp_path: Path) -> None:
+    outside, dest = tmp_path / "outside", tmp_path / "dest"
+    (outside / "records").mkdir(parents=True)
+    (outside / "records" / "secret.jsonl").write_bytes(b"x")
+    (dest / "real" / "sub").mkdir(parents=True)
+    (dest / "real" / "sub" / "a.pth").write_bytes(b"a")
+    (dest / ".trajtrack").symlink_to(outside, target_is_directory=True)
+    (dest / "alias").symlink_to(dest / "real", target_is_directory=True)
+    storage = LocalStorage(str(dest))
+    with pytest.raises(StoragePermissionError, match="outside the destination"):
+        await storage.list(".trajtrack/records")
+    assert [info.path for info in await storage.list("alias/sub")] == ["alias/sub/a.pth"]
+    assert [info.path for info in await storage.list("")] == ["real/sub/a.pth"]
+
+
 async def test_reads_never_follow_a_link_out_of_the_destination(tmp_path: Path) -> None:
     dest, secret = tmp_path / "dest", tmp_path / "secret.txt"
     dest.mkdir()

@@ -279,6 +279,13 @@ class LocalStorage:
 
     def _list_sync(self, prefix: str) -> builtins.list[FileInfo]:
         top = self._resolve(prefix.strip("/")) if prefix.strip("/") else self._root
+        if top != self._root and not self._inside(str(top)):
+            # A prefix through a link leading out: listed, it would show files outside the
+            # destination as if they were in it (reading them is refused the same way).
+            raise StoragePermissionError(
+                f"refusing to list {top}: it resolves outside the destination, through a "
+                "symbolic link"
+            )
         found: list[FileInfo] = []
         rel_top = os.path.relpath(top, self._root).replace(os.sep, "/")
         pending = [(str(top), "" if rel_top == "." else rel_top + "/")]
