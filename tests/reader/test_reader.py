@@ -173,3 +173,20 @@ async def test_listing_parses_and_merges_off_the_event_loop(
     loop = threading.get_ident()
     assert threads["decode"] and loop not in threads["decode"]
     assert threads["merge"] and loop not in threads["merge"]
+
+
+async def test_records_behind_a_link_leading_out_are_not_read(tmp_path: Path) -> None:
+    from trajtrack.layouts.records import RECORDS_PREFIX
+
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    run.mkdir()
+    torch.save({"a": 1}, run / "a.pth")
+    elsewhere = outside / RECORDS_PREFIX.partition("/")[2]
+    elsewhere.mkdir(parents=True)
+    line = '{"name": "ghost", "path": "ghost.pth", "size": 1, "checksum": "crc32:00000000"}\n'
+    (elsewhere / "w-000000.jsonl").write_text(line)
+    (run / ".trajtrack").symlink_to(outside, target_is_directory=True)
+    async with open_run(run) as run_:
+        listing = await run_.scan()
+    assert [(d.name, d.recorded) for d in listing.dumps] == [("a", False)]
+    assert listing.segments == 0
