@@ -125,7 +125,7 @@ async def member_reads(urls: list[str], batch: int | None, first: int | None = N
         for run in runs_:
             infos = (await run.list())[:first]
             if batch == 0:
-                jobs += [(run, g) for g in dump_batches(infos, local=False)]
+                jobs += [(run, g) for g in dump_batches(infos)]
             elif batch is not None:
                 jobs += [(run, infos[i : i + batch]) for i in range(0, len(infos), batch)]
             else:

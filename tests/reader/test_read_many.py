@@ -78,14 +78,11 @@ def test_read_batches_hold_up_to_1024_small_items_and_4_mib() -> None:
     def small(size: int) -> bool:
         return size <= 65536
 
-    local = read_batches(items, small, int, local=True)
-    remote = read_batches(items, small, int, local=False)
-    assert [len(g) for g in remote] == [1024, 1024, 1, 962]  # 1,024 a group, at most
-    assert local == remote  # one rule for every storage
-    huge = read_batches([60000] * 200, small, int, local=False)
+    groups = read_batches(items, small, int)
+    assert [len(g) for g in groups] == [1024, 1024, 1, 962]  # 1,024 a group, at most
+    huge = read_batches([60000] * 200, small, int)
     assert max(sum(g) for g in huge) < (4 << 20) + 60000  # and 4 MiB
-    for groups in (local, remote):
-        assert sorted(x for g in groups for x in g) == sorted(items)
+    assert sorted(x for g in groups for x in g) == sorted(items)
 
 
 async def _files_run(root: Path) -> None:

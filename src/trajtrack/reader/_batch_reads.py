@@ -42,8 +42,6 @@ def read_batches(
     items: Sequence[T],
     small: Callable[[T], bool],
     size: Callable[[T], int],
-    *,
-    local: bool = False,
 ) -> list[list[T]]:
     """*items* grouped for ``Run.read_many``, in their order, each larger item alone, the
     small ones up to 1,024 and 4 MiB (by *size*) a group: the larger a group, the longer the
@@ -51,10 +49,7 @@ def read_batches(
     4 KB members of two runs on the HDFS test cluster: 4.6-5.3 s in groups of 64, 1.0-1.4 s in
     groups of 1,024, 0.9 s reading the shards whole; off a local disk, a sharded ``diff`` of
     two such runs 0.969 s (median of six) in groups of 64, 0.793 s in groups of 1,024.
-
-    *local* no longer changes the groups (local ones were 64 small items, before 0.1.0).
     """
-    del local  # accepted for the callers written when it mattered
     return group_small(items, small, _BATCH, weight=size, max_weight=_BATCH_BYTES)
 
 
@@ -63,10 +58,9 @@ SMALL_DUMP: Final = 64 << 10
 worker-thread hop or a request."""
 
 
-def dump_batches(dumps: Sequence[DumpInfo], *, local: bool = False) -> list[list[DumpInfo]]:
-    """:func:`read_batches` of *dumps*, the small ones those of :data:`SMALL_DUMP` or less
-    (*local*: as there, no longer used)."""
-    return read_batches(dumps, _is_small, _size, local=local)
+def dump_batches(dumps: Sequence[DumpInfo]) -> list[list[DumpInfo]]:
+    """:func:`read_batches` of *dumps*, the small ones those of :data:`SMALL_DUMP` or less."""
+    return read_batches(dumps, _is_small, _size)
 
 
 def _is_small(info: DumpInfo) -> bool:
