@@ -76,3 +76,38 @@ def test_infinities_do_not_poison_the_statistics() -> None:
     assert found.max_rel == 0.5
     assert found.index == (1,)
     assert found.mismatched == 1
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 4), (2, 3, 5), (1, 1, 4), (4, 1, 2, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float16])
+def test_the_first_difference_is_placed_and_read_as_numpy_would(
+    shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    # The index and the two values at it, whichever path computed them (numpy views for
+    # float32/float64, widened copies for the others): row-major, the tensors' own values.
+    gen = torch.Generator().manual_seed(len(shape))
+    a = torch.randint(0, 50, shape, generator=gen).to(dtype)
+    b = a.clone()
+    flat = int(torch.randint(0, a.numel(), (1,), generator=gen))
+    b.view(-1)[flat] += 3
+    b.view(-1)[-1] += 1  # a second difference, later in row-major order
+    (d,) = compare({"t": a}, {"t": b})
+    expected = tuple(int(i) for i in np.unravel_index(flat, shape))
+    assert d.index == expected
+    assert (d.a, d.b) == (repr(a[expected].item()), repr(b[expected].item()))
+    assert d.mismatched == (1 if flat == a.numel() - 1 else 2)
+
+
+def test_a_transposed_tensor_is_compared_in_its_own_row_major_order() -> None:
+    a = torch.zeros(3, 4).t()  # not contiguous
+    b = a.clone()
+    b[2, 1] = 5.0
+    (d,) = compare(a, b)
+    assert d.index == (2, 1) and (d.a, d.b) == ("0.0", "5.0")
+
+
+def test_mappings_with_the_same_keys_in_another_order_walk_in_a_order() -> None:
+    a = {"x": 1, "y": 2, "z": 3}
+    b = {"z": 4, "y": 5, "x": 6}
+    assert [d.path for d in compare(a, b)] == ["['x']", "['y']", "['z']"]
+    assert kinds({"x": 1, "y": 2}, {"y": 2, "w": 1}) == [("['x']", "missing"), ("['w']", "extra")]

@@ -182,15 +182,18 @@ class _Walker:
 
     def _mappings(self, a: Any, b: Any, path: str, depth: int, *, attributes: bool = False) -> None:
         keys_a = list(a.keys())
-        keys_b = set(b.keys())
+        set_a, keys_b = set(keys_a), set(b.keys())
 
         def where(key: Any) -> str:
             return f"{path}.{key}" if attributes else f"{path}[{key!r}]"
 
+        if set_a == keys_b:  # the common case: nothing missing, nothing extra
+            for key in keys_a:
+                self.walk(a[key], b[key], where(key), depth + 1)
+            return
         for key in keys_a:
             if key not in keys_b:
                 self.add(Difference(where(key), "missing", "only in A", a=_abbrev(a[key])))
-        set_a = set(keys_a)
         for key in list(b.keys()):
             if key not in set_a:
                 self.add(Difference(where(key), "extra", "only in B", b=_abbrev(b[key])))
@@ -274,7 +277,11 @@ class _Walker:
         if found is None:
             return
         max_abs, max_rel, first = found.max_abs, found.max_rel, found.first
-        index = tuple(int(i) for i in np.unravel_index(first, tuple(a.shape))) if a.dim() else ()
+        index = _unravel(first, a.shape)
+        if found.values is not None:
+            value_a, value_b = found.values
+        else:
+            value_a, value_b = a.reshape(-1)[first].item(), b.reshape(-1)[first].item()
         detail = f"{found.mismatched} of {a.numel()} elements differ"
         if max_abs is not None:
             detail += f" (max abs {max_abs:.6g}"
@@ -289,10 +296,20 @@ class _Walker:
                 index=index,
                 mismatched=found.mismatched,
                 total=a.numel(),
-                a=_abbrev(a.reshape(-1)[first].item()),
-                b=_abbrev(b.reshape(-1)[first].item()),
+                a=_abbrev(value_a),
+                b=_abbrev(value_b),
             )
         )
+
+
+def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    """The index of row-major element *flat* in *shape* (``np.unravel_index``, for plain
+    ints: a fifth of its cost on a small tensor)."""
+    index = []
+    for size in reversed(shape):
+        flat, at = divmod(flat, size)
+        index.append(at)
+    return tuple(reversed(index))
 
 
 def _as_tensor(array: np.ndarray[Any, Any]) -> torch.Tensor:

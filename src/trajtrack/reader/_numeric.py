@@ -49,12 +49,15 @@ class Mismatch:
         max_abs: Largest ``|a - b|`` over pairs without NaN; ``None`` when every pair has one.
         max_rel: Largest ``|a - b| / |b|`` over those pairs with ``b != 0``, else ``None``.
         first: Row-major (flat) index of the first element outside tolerance.
+        values: The two elements at *first* as Python numbers, when the comparison read them
+            from the tensors given (``None``: read them there with ``.item()``).
     """
 
     mismatched: int
     max_abs: float | None
     max_rel: float | None
     first: int
+    values: tuple[Any, Any] | None = None
 
 
 def mismatch(
@@ -66,7 +69,7 @@ def mismatch(
     NaN at the same position when *equal_nan*; a NaN against a number is always a difference.
     """
     if a.dtype in _FAST_DTYPES:
-        decided, found = _fast(a, b, rtol, atol)
+        decided, found = _fast(a, b, rtol, atol, own=True)
         if decided:
             return found
     # Equal tensors: one bitwise pass. Bitwise equality implies equality except for NaN,
@@ -113,9 +116,11 @@ _scratch = threading.local()
 
 
 def _fast(
-    x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float
+    x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float, *, own: bool = False
 ) -> tuple[bool, Mismatch | None]:
-    """``(True, result)``, or ``(False, None)`` when the general path must decide."""
+    """``(True, result)``, or ``(False, None)`` when the general path must decide; *own*:
+    *x* and *y* are the tensors compared, not widened copies (the result then holds the
+    elements at its first index, read from numpy's views: cheaper than torch indexing)."""
     if not (math.isfinite(rtol) and math.isfinite(atol)):
         return _UNDECIDED
     try:
@@ -169,7 +174,8 @@ def _fast(
                 max_rel = ratio
     if not mismatched:
         return True, None
-    return True, Mismatch(mismatched, max_abs, max_rel, first)
+    values = (xn[first].item(), yn[first].item()) if own else None
+    return True, Mismatch(mismatched, max_abs, max_rel, first, values)
 
 
 def _buffers(
