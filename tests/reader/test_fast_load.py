@@ -53,6 +53,7 @@ def assert_identical(got: Any, want: Any, storages: dict[int, int], where: str =
         assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
         assert got.storage_offset() == want.storage_offset(), where
         assert (got.requires_grad, got.is_leaf) == (want.requires_grad, want.is_leaf), where
+        assert (got._base is None) == (want._base is None), f"{where}: a view"
         assert got.untyped_storage().nbytes() == want.untyped_storage().nbytes(), where
         got_bytes = bytes(got.untyped_storage())
         assert got_bytes == bytes(want.untyped_storage()), f"{where}: bits differ"
@@ -104,6 +105,12 @@ ACCEPTED: dict[str, Any] = {
     "torch values": [torch.float16, torch.bool, torch.device("cpu"), torch.Size([2, 3])],
     "tensor in a tuple in a list": [(torch.ones(2), torch.ones(2))],
     "not contiguous": torch.arange(30.0).reshape(5, 6)[:, 1::2],
+    "whole storages of every rank": [torch.arange(24.0).reshape(2, 3, 4), torch.ones(1, 5)],
+    "odd strides of extent-1 dimensions": [
+        torch.empty_strided((1,), (7,)).fill_(3.0),
+        torch.empty_strided((2, 1, 3), (3, 9, 1)).fill_(1.0),
+    ],
+    "a tensor over part of its storage": torch.arange(10.0)[2:],
 }
 
 
@@ -223,8 +230,20 @@ class _Reduce:
 
 @pytest.mark.parametrize(
     ("size", "stride", "offset"),
-    [((2000,), (1,), 0), ((10,), (1,), 995), ((2, 2), (999, 1), 0), ((3,), (-1,), 2)],
-    ids=["too long", "offset past the end", "stride past the end", "negative stride"],
+    [
+        ((2000,), (1,), 0),
+        ((10,), (1,), 995),
+        ((2, 2), (999, 1), 0),
+        ((3,), (-1,), 2),
+        ((1000,), (1,), 1),
+    ],
+    ids=[
+        "too long",
+        "offset past the end",
+        "stride past the end",
+        "negative stride",
+        "the storage's shape, one element on",
+    ],
 )
 def test_a_tensor_outside_its_storage_is_never_built(
     size: tuple[int, ...], stride: tuple[int, ...], offset: int

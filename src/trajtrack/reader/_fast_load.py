@@ -346,6 +346,18 @@ class _Resolver:
     def _tensor(self, ref: _TensorRef) -> torch.Tensor:
         dtype, offset, requires_grad, size, record, stride = ref
         storage = self.storages.get(id(record))
+        if storage is None and record.length and not record.length % dtype.itemsize:
+            # The storage as a tensor of the tensor's dtype: one frombuffer (3.5 us here,
+            # against 11.5 us for a storage, an empty tensor and set_), then set_ only where
+            # the tensor is not all of its storage, row-major (a view, a slice).
+            raw = bytearray(self.data[record.start : record.start + record.length])
+            tensor = torch.frombuffer(raw, dtype=dtype)
+            self.storages[id(record)] = tensor.untyped_storage()
+            if offset or tensor.shape != size or tensor.stride() != stride:
+                tensor.set_(tensor.untyped_storage(), offset, size, stride)  # in place
+            if requires_grad:
+                tensor.requires_grad_(True)
+            return tensor
         if storage is None:
             if record.length:
                 raw = bytearray(self.data[record.start : record.start + record.length])
