@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pickle
 import struct
-import threading
 from typing import Final
+
+from trajtrack.reader._remembered import KEPT, Remembered
 
 __all__ = [
     "Declined",
@@ -29,12 +30,44 @@ class Declined(Exception):
 
 def archive_records(data: bytes) -> tuple[dict[str, tuple[int, int]], str, int]:
     """``(records, prefix, limit)`` of the torch archive *data*: each record's local header
-    offset and length by name, the records' folder (``"archive/"``), and where the central
-    directory starts (no record's data goes past it)."""
-    records, limit = _records(data)
+    offset and length by name (shared: not to be changed), the records' folder
+    (``"archive/"``), and where the central directory starts (no record's data goes past it).
+
+    An archive equal to one already parsed in every byte the parse read (the dumps of a run
+    differ in their data, their pickles and their checksums, rarely in their layout) takes
+    that parse's result (:data:`_LAYOUTS`): one comparison instead of the parse.
+    """
+    found = _LAYOUTS.match(data)
+    if found is not None:
+        records, prefix, limit, (start, end) = found
+        if not _is_identifier(data[start:end]):
+            raise Declined
+        return records, prefix, limit
+    kept = None if _LAYOUTS.full else bytearray(len(data))
+    records, limit = _records(data, kept)
     prefix = next(iter(records)).partition("/")[0] + "/"
-    _check_records(data, records, prefix, limit)
+    identifier = _check_records(data, records, prefix, limit, kept)
+    if kept is not None:
+        _LAYOUTS.add(data, kept, (records, prefix, limit, identifier))
     return records, prefix, limit
+
+
+_Layout = tuple[dict[str, tuple[int, int]], str, int, tuple[int, int]]
+_LAYOUTS: Final[Remembered[_Layout]] = Remembered()
+""":func:`archive_records`' results by the bytes the parse read: the end records, each central
+directory entry but its CRC-32, each local header the checks open but its CRC-32, and the
+constant records' contents. Not the serialization id's digits (they change with every save:
+checked again at each match), nor the data, the pickle and the data descriptors after them."""
+
+
+def _keep(kept: bytearray | None, start: int, end: int) -> None:
+    """Mark *kept*'s bytes *start* to *end* as read (if there is a *kept*)."""
+    if kept is not None:
+        kept[start:end] = _ALL_KEPT * (end - start)
+
+
+def _is_identifier(value: bytes) -> bool:
+    return value.isdigit() and value.isascii()
 
 
 def archive_pickle(data: bytes) -> bytes:
@@ -60,6 +93,8 @@ _END: Final = struct.Struct("<IHHHHIIH")
 # The fields read of a central directory entry and of a local header (the rest skipped).
 _CENTRAL: Final = struct.Struct("<I4xHH8xIIHHHHHII")
 _CENTRAL_SIZE: Final = 46
+_CENTRAL_CRC: Final = 16  # where an entry's CRC-32 is (4 bytes), and a local header's:
+_LOCAL_CRC: Final = 14
 _ZIP64_LOCATOR: Final = struct.Struct("<IIQI")
 _ZIP64_END: Final = struct.Struct("<IQ4xIIQQQQ")
 _ZIP64_LOCATOR_SIGNATURE: Final = 0x07064B50
@@ -80,11 +115,15 @@ _DOS_DIRECTORY: Final = 0x10
 
 
 def _check_records(
-    data: bytes, records: dict[str, tuple[int, int]], prefix: str, limit: int
-) -> None:
+    data: bytes,
+    records: dict[str, tuple[int, int]],
+    prefix: str,
+    limit: int,
+    kept: bytearray | None,
+) -> tuple[int, int]:
     """Decline unless the archive holds exactly the records ``torch.save`` writes, the
     constant ones with the values it writes (torch's reader checks some of them: anything
-    else may be an archive it refuses)."""
+    else may be an archive it refuses). Returns where the serialization id's digits are."""
     names = iter(records)
     if next(names) != prefix + "data.pkl":
         raise Declined
@@ -97,11 +136,16 @@ def _check_records(
         ):
             raise Declined
     for tail, value in _CONSTANT_RECORDS.items():
-        if member(data, records, prefix + tail, limit) != value:
+        if member(data, records, prefix + tail, limit, kept) != value:
             raise Declined
-    identifier = member(data, records, prefix + _SERIALIZATION_ID, limit)
-    if not (identifier.isdigit() and identifier.isascii()):
+    found = records.get(prefix + _SERIALIZATION_ID)
+    if found is None:
         raise Declined
+    local, size = found
+    start = member_start(data, local, size, limit, kept)
+    if not _is_identifier(data[start : start + size]):
+        raise Declined
+    return start, start + size
 
 
 def check_opcodes(pickled: bytes, names: list[bytes] | None = None) -> None:
@@ -114,7 +158,7 @@ def check_opcodes(pickled: bytes, names: list[bytes] | None = None) -> None:
 
     A pickle that matches one already scanned in every byte the scan looks at (the dumps of a
     run differ in their numbers and strings, rarely in their structure) takes that scan's
-    verdict (:class:`_Skeletons`): one comparison instead of a walk over its opcodes.
+    verdict (:data:`_SKELETONS`): one comparison instead of a walk over its opcodes.
     """
     found = _SKELETONS.match(pickled)
     if found is None:
@@ -168,66 +212,22 @@ def _scan(pickled: bytes, kept: bytearray | None) -> tuple[bytes, ...]:
     raise Declined  # no STOP
 
 
-_ALL_KEPT: Final = b"\xff"
+_ALL_KEPT: Final = bytes([KEPT])
+
+_SKELETONS: Final[Remembered[tuple[bytes, ...]]] = Remembered()
+"""The scan's verdicts (the names of the globals), by the bytes the walk looked at: a pickle of
+the same length equal to a scanned one in every opcode, length prefix, ``GLOBAL`` line and memo
+index is walked the same way; what differs (a number, a string's contents) is skipped unread."""
 
 
-class _Skeletons:
-    """The verdicts of pickles scanned so far, each as the bytes its walk depended on.
-
-    A pickle of the same length that has the same bytes wherever a scanned one's walk looked
-    is walked the same way by :func:`_scan`: each opcode, length and memo index it reads is
-    the same, so are the ``GLOBAL`` lines, and what differs (a number, a string's contents)
-    is skipped unread. It gets the same verdict and names. Bounded: up to :attr:`LIMIT`
-    skeletons, the first ones seen; thread-safe.
-    """
-
-    LIMIT: Final = 64
-
-    def __init__(self) -> None:
-        self._by_length: dict[int, list[tuple[int, int, tuple[bytes, ...]]]] = {}
-        self._count = 0
-        self._lock = threading.Lock()
-
-    @property
-    def full(self) -> bool:
-        return self._count >= self.LIMIT
-
-    def match(self, pickled: bytes) -> tuple[bytes, ...] | None:
-        """The names of a scanned pickle *pickled* matches, or ``None``."""
-        candidates = self._by_length.get(len(pickled))
-        if not candidates:
-            return None
-        value = int.from_bytes(pickled, "little")
-        for keep, kept_value, names in candidates:
-            if value & keep == kept_value:
-                return names
-        return None
-
-    def add(self, pickled: bytes, kept: bytearray, names: tuple[bytes, ...]) -> None:
-        """Remember the verdict of *pickled* (scanned: no ``Declined``)."""
-        keep = int.from_bytes(kept, "little")
-        entry = (keep, int.from_bytes(pickled, "little") & keep, names)
-        with self._lock:
-            if self._count < self.LIMIT:
-                self._by_length.setdefault(len(pickled), []).append(entry)
-                self._count += 1
-
-    def clear(self) -> None:
-        with self._lock:
-            self._by_length, self._count = {}, 0
-
-
-_SKELETONS: Final = _Skeletons()
-
-
-def _records(data: bytes) -> tuple[dict[str, tuple[int, int]], int]:
+def _records(data: bytes, kept: bytearray | None) -> tuple[dict[str, tuple[int, int]], int]:
     """``name -> (local header offset, length)`` of each record of the zip archive *data*,
     and where its central directory starts."""
-    cd_offset, cd_end, total = _directory(data)
+    cd_offset, cd_end, total = _directory(data, kept)
     records: dict[str, tuple[int, int]] = {}
     position = cd_offset
     for _ in range(total):
-        local, size, key, position = _central_entry(data, position, cd_end)
+        local, size, key, position = _central_entry(data, position, cd_end, kept)
         if local >= cd_offset or key in records:
             raise Declined  # a record twice: which one torch's reader would take is not ours
         records[key] = (local, size)
@@ -236,12 +236,13 @@ def _records(data: bytes) -> tuple[dict[str, tuple[int, int]], int]:
     return records, cd_offset
 
 
-def _directory(data: bytes) -> tuple[int, int, int]:
+def _directory(data: bytes, kept: bytearray | None = None) -> tuple[int, int, int]:
     """Where the central directory of the zip archive *data* starts and ends, and its number
     of records, as the end records say (checked against each other and the data's length)."""
     end = len(data) - _END.size
     if end < 0:
         raise Declined
+    _keep(kept, end, len(data))
     signature, disk, cd_disk, on_disk, total, cd_size, cd_offset, comment = _END.unpack_from(
         data, end
     )
@@ -250,16 +251,20 @@ def _directory(data: bytes) -> tuple[int, int, int]:
     cd_end = cd_offset + cd_size
     if not total or cd_end > end or cd_size < total * _CENTRAL_SIZE:
         raise Declined
-    _check_zip64_end(data, end, total, cd_size, cd_offset)
+    _check_zip64_end(data, end, total, cd_size, cd_offset, kept)
     return cd_offset, cd_end, total
 
 
-def _central_entry(data: bytes, position: int, cd_end: int) -> tuple[int, int, str, int]:
+def _central_entry(
+    data: bytes, position: int, cd_end: int, kept: bytearray | None = None
+) -> tuple[int, int, str, int]:
     """``(local header offset, length, name, where the next entry starts)`` of the central
     directory entry at *position*."""
     fixed = _CENTRAL.size
     if position + fixed > cd_end:
         raise Declined
+    _keep(kept, position, position + _CENTRAL_CRC)  # the CRC-32 is not read
+    _keep(kept, position + _CENTRAL_CRC + 4, position + fixed)
     fields = _CENTRAL.unpack_from(data, position)
     signature, flags, method, packed, size, name_len, extra_len, comment_len = fields[:8]
     start_disk, external, local = fields[8], fields[10], fields[11]
@@ -270,19 +275,26 @@ def _central_entry(data: bytes, position: int, cd_end: int) -> tuple[int, int, s
     name_end = position + fixed + name_len
     if name_end > cd_end:
         raise Declined
+    _keep(kept, position + fixed, name_end)
     return local, size, data[position + fixed : name_end].decode(), name_end
 
 
-def _check_zip64_end(data: bytes, end: int, total: int, cd_size: int, cd_offset: int) -> None:
+def _check_zip64_end(
+    data: bytes, end: int, total: int, cd_size: int, cd_offset: int, kept: bytearray | None
+) -> None:
     """Decline unless the zip64 end records, if any (torch's writer always adds them, and
     torch's reader then takes the directory's place from them), say what the classic one
     says, for one disk."""
     at = end - _ZIP64_LOCATOR.size
-    if at < 0 or _ZIP64_LOCATOR.unpack_from(data, at)[0] != _ZIP64_LOCATOR_SIGNATURE:
+    if at < 0:
+        return
+    _keep(kept, at, end)
+    if _ZIP64_LOCATOR.unpack_from(data, at)[0] != _ZIP64_LOCATOR_SIGNATURE:
         return
     _, record_disk, record_offset, disks = _ZIP64_LOCATOR.unpack_from(data, at)
     if record_disk or disks != 1 or record_offset + _ZIP64_END.size > at:
         raise Declined
+    _keep(kept, record_offset, record_offset + _ZIP64_END.size)
     fields = _ZIP64_END.unpack_from(data, record_offset)
     signature, record_size, this_disk, cd_disk, on_disk, entries, size, offset = fields
     if signature != _ZIP64_END_SIGNATURE or record_size < _ZIP64_END.size - 12:
@@ -295,10 +307,14 @@ def _check_zip64_end(data: bytes, end: int, total: int, cd_size: int, cd_offset:
         raise Declined
 
 
-def member_start(data: bytes, local: int, size: int, limit: int) -> int:
+def member_start(
+    data: bytes, local: int, size: int, limit: int, kept: bytearray | None = None
+) -> int:
     """Where the data of the record whose local header is at *local* starts."""
     if local + _LOCAL.size > limit:
         raise Declined
+    _keep(kept, local, local + _LOCAL_CRC)  # the CRC-32 is not read
+    _keep(kept, local + _LOCAL_CRC + 4, local + _LOCAL.size)
     signature, flags, method, name_len, extra_len = _LOCAL.unpack_from(data, local)
     if signature != _LOCAL_SIGNATURE or method or flags & ~_FLAGS:
         raise Declined
@@ -308,12 +324,19 @@ def member_start(data: bytes, local: int, size: int, limit: int) -> int:
     return start
 
 
-def member(data: bytes, records: dict[str, tuple[int, int]], name: str, limit: int) -> bytes:
+def member(
+    data: bytes,
+    records: dict[str, tuple[int, int]],
+    name: str,
+    limit: int,
+    kept: bytearray | None = None,
+) -> bytes:
     found = records.get(name)
     if found is None:
         raise Declined
     local, size = found
-    start = member_start(data, local, size, limit)
+    start = member_start(data, local, size, limit, kept)
+    _keep(kept, start, start + size)
     return data[start : start + size]
 
 
