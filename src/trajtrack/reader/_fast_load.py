@@ -350,23 +350,24 @@ class _Resolver:
             # The storage as a tensor of the tensor's dtype: one frombuffer (3.5 us here,
             # against 11.5 us for a storage, an empty tensor and set_), then set_ only where
             # the tensor is not all of its storage, row-major (a view, a slice).
-            raw = bytearray(self.data[record.start : record.start + record.length])
-            tensor = torch.frombuffer(raw, dtype=dtype)
-            self.storages[id(record)] = tensor.untyped_storage()
+            tensor = torch.frombuffer(self._bytes(record), dtype=dtype)
+            storage = self.storages[id(record)] = tensor.untyped_storage()
             if offset or tensor.shape != size or tensor.stride() != stride:
-                tensor.set_(tensor.untyped_storage(), offset, size, stride)  # in place
-            if requires_grad:
-                tensor.requires_grad_(True)
-            return tensor
-        if storage is None:
-            if record.length:
-                raw = bytearray(self.data[record.start : record.start + record.length])
-                storage = torch.frombuffer(raw, dtype=torch.uint8).untyped_storage()
-            else:
-                storage = torch.empty(0, dtype=torch.uint8).untyped_storage()
-            self.storages[id(record)] = storage
-        tensor = torch.empty((0,), dtype=dtype)
-        tensor.set_(storage, offset, size, stride)
+                tensor.set_(storage, offset, size, stride)  # in place
+        else:
+            if storage is None:
+                if record.length:
+                    made = torch.frombuffer(self._bytes(record), dtype=torch.uint8)
+                    storage = made.untyped_storage()
+                else:
+                    storage = torch.empty(0, dtype=torch.uint8).untyped_storage()
+                self.storages[id(record)] = storage
+            tensor = torch.empty((0,), dtype=dtype)
+            tensor.set_(storage, offset, size, stride)
         if requires_grad:
             tensor.requires_grad_(True)
         return tensor
+
+    def _bytes(self, record: _StorageRecord) -> bytearray:
+        """A private, writable copy of *record*'s bytes (the tensors' memory)."""
+        return bytearray(self.data[record.start : record.start + record.length])
