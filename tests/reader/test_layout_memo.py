@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests._support.memo import emptied, inputs_checked
 from tests.reader.test_fast_load import archived, saved
 
 from trajtrack.reader import _torch_archive
@@ -21,23 +22,14 @@ _RECORDS = _torch_archive._records  # the parse itself, whatever a test puts in 
 
 @pytest.fixture(autouse=True)
 def empty_memo() -> Iterator[None]:
-    _torch_archive._LAYOUTS.clear()
-    yield
-    _torch_archive._LAYOUTS.clear()
+    with emptied(_torch_archive._LAYOUTS):
+        yield
 
 
 @pytest.fixture
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The archives parsed record by record (not answered from the memo)."""
-    parsed: list[bytes] = []
-    records = _torch_archive._records
-
-    def counting(data: bytes, kept: bytearray | None) -> Any:
-        parsed.append(data)
-        return records(data, kept)
-
-    monkeypatch.setattr(_torch_archive, "_records", counting)
-    return parsed
+    return inputs_checked(monkeypatch, _torch_archive, "_records")
 
 
 def fresh(data: bytes) -> Any:

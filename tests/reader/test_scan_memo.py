@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests._support.memo import emptied, inputs_checked
 from tests.reader.test_fast_load import saved
 
 from trajtrack.reader import _torch_archive
@@ -20,23 +21,14 @@ _SCAN = _torch_archive._scan  # the walk itself, whatever a test puts in its pla
 
 @pytest.fixture(autouse=True)
 def empty_memo() -> Iterator[None]:
-    _torch_archive._SKELETONS.clear()
-    yield
-    _torch_archive._SKELETONS.clear()
+    with emptied(_torch_archive._SKELETONS):
+        yield
 
 
 @pytest.fixture
 def scans(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The pickles walked opcode by opcode (not answered from the memo)."""
-    walked: list[bytes] = []
-    scan = _torch_archive._scan
-
-    def counting(pickled: bytes, kept: bytearray | None) -> tuple[bytes, ...]:
-        walked.append(pickled)
-        return scan(pickled, kept)
-
-    monkeypatch.setattr(_torch_archive, "_scan", counting)
-    return walked
+    return inputs_checked(monkeypatch, _torch_archive, "_scan")
 
 
 def sample_pickle(index: int, tag: str) -> bytes:
