@@ -148,7 +148,7 @@ async def test_sigkill_at_random_moments_hdfs(
     rng = random.Random(seed)
     zygote = Child("zygote")
     zygote.wait_line("ZYGOTE")
-    dead: set[int] = set()
+    killed: list[int] = []  # in the order they were killed (pids wrap around: not sorted)
     try:
         for trial in range(_trials(request)):
             zygote.send(f"crash {hdfs_url} k{trial} {TASKS} {HIGH}")
@@ -157,14 +157,14 @@ async def test_sigkill_at_random_moments_hdfs(
             await anyio.sleep(rng.uniform(0.0, 0.5))
             os.kill(pid, 9)
             assert zygote.wait_line("EXIT") == f"{pid} -9", f"seed {seed}"
-            dead.add(pid)
+            killed.append(pid)
     finally:
         zygote.finish()
     storage = open_storage(hdfs_url)
     await storage.prepare()
     try:
-        await _check_storage(storage, dead)
-        await _a_later_tracker_sweeps_every_dead_writers_temps(hdfs_url, storage, dead)
+        await _check_storage(storage, killed)
+        await _a_later_tracker_sweeps_every_dead_writers_temps(hdfs_url, storage, set(killed))
     finally:
         await storage.aclose()
 
@@ -194,7 +194,7 @@ async def _a_later_tracker_sweeps_every_dead_writers_temps(
     raise AssertionError(f"temporary files of dead writers survive later trackers: {left}")
 
 
-async def _check_storage(storage: trajtrack.backends.Storage, dead: set[int]) -> None:
+async def _check_storage(storage: trajtrack.backends.Storage, killed: list[int]) -> None:
     import io
 
     import torch
@@ -214,7 +214,7 @@ async def _check_storage(storage: trajtrack.backends.Storage, dead: set[int]) ->
         assert torch.equal(loaded["data"], expected["data"]), info.path
     # Only the last writers may have left temporary files here: the last one (no tracker ran
     # after it) and, on WebHDFS, the one before (see the function below); neither for long.
-    recent = set(sorted(dead)[-2:])
+    dead, recent = set(killed), set(killed[-2:])  # the last two killed, not the largest pids
     for info in files:
         owner = parse_temp_path(info.path)
         if owner is not None:
