@@ -1,22 +1,113 @@
-"""Record segments: one JSON call for a well-formed segment, line by line otherwise."""
+"""Record segments: lines in columns (version 2) and a line per dump (version 1), both read;
+one JSON call for a well-formed segment, line by line otherwise; damaged lines counted."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import pytest
 
 from trajtrack.layouts.records import DumpRecord, decode_segment, encode_segment
 
 
-def _records(n: int) -> list[DumpRecord]:
+def _records(n: int, *, writer: str = "w") -> list[DumpRecord]:
     return [
-        DumpRecord(f"s{i}", f"s{i}.pth", i, "crc32:00000000", "h", 1, 0, "w", 1.0 + i)
+        DumpRecord(f"s{i}", f"s{i}.pth", i, "crc32:00000000", "h", 1, 0, writer, 1.0 + i)
         for i in range(n)
     ]
 
 
+def _members(n: int) -> list[DumpRecord]:
+    shards = [".trajtrack/shards/w-000000.tar", ".trajtrack/shards/w-000001.tar"]
+    return [
+        DumpRecord(
+            f"m{i}", f"m{i}.pth", 100 + i, f"crc32:{i:08x}", "h", 1, 0, "w", 2.5 + i,
+            shard=shards[i % 2], offset=512 * (i + 1),
+        )
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def _v1(records: list[DumpRecord]) -> bytes:
+    """A segment as version-1 writers wrote it: a JSON object per dump."""
+    return "".join(json.dumps(r.to_json()) + "\n" for r in records).encode()
+
+
+def _lines(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in data.splitlines()]
+
+
 def test_a_segment_decodes_to_the_records_encoded() -> None:
-    records = _records(5)
-    assert decode_segment(encode_segment(records)) == (records, 0)
+    records = _records(5) + _members(6) + _records(2, writer="other")
+    data = encode_segment(records)
+    assert decode_segment(data) == (records, 0)
+    # In columns: one line per writer and layout, each field once per dump.
+    lines = _lines(data)
+    assert [line["v"] for line in lines] == [2, 2, 2]
+    assert lines[1]["shards"] == [f".trajtrack/shards/w-00000{i}.tar" for i in (0, 1)]
+    assert lines[1]["shard"] == [0, 1, 0, 1, 0, 1]
+    assert lines[0]["name"] == [f"s{i}" for i in range(5)] and lines[2]["writer"] == "other"
+
+
+def test_version_1_lines_are_still_read_also_next_to_columns() -> None:
+    old, new = _records(3), _members(2)
+    assert decode_segment(_v1(old)) == (old, 0)
+    assert decode_segment(_v1(old) + encode_segment(new)) == (old + new, 0)
+
+
+def test_a_member_without_offset_is_written_on_a_line_of_its_own() -> None:
+    odd = DumpRecord("x", "x.pth", 1, "crc32:00000000", "h", 1, 0, "w", 1.0, shard="s.tar")
+    records = [*_records(2), odd, *_records(1)]
+    data = encode_segment(records)
+    assert [line["v"] for line in _lines(data)] == [2, 1, 2]
+    assert decode_segment(data) == (records, 0)
+
+
+_GOOD = _lines(encode_segment(_members(3)))[0]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("name", "m0"),  # not a list
+        ("name", ["m0", "m1"]),  # one entry short
+        ("path", ["m0.pth", 5, "m2.pth"]),
+        ("path", ["m0.pth", "m1.pth"]),  # a column one entry short
+        ("size", [1, 2, 3, 4]),
+        ("size", [1, True, 3]),  # a bool is not a size
+        ("size", [1, 2.0, 3]),
+        ("checksum", [None, "crc32:0", "crc32:0"]),
+        ("time", [1.0, "2", 3.0]),
+        ("pid", "1"),
+        ("rank", None),
+        ("host", 3),
+        ("writer", ["w"]),
+        ("shards", [".trajtrack/shards/w-000000.tar", 7]),
+        ("shard", [0, 1, 2]),  # an index past the shards
+        ("shard", [0, -1, 0]),
+        ("shard", [0, 1]),
+        ("offset", [512, None, 1536]),
+        ("offset", [512, 1024]),
+    ],
+)
+def test_a_line_in_columns_that_is_not_exactly_right_is_refused_whole(key: str, value: Any) -> None:
+    line = {**_GOOD, key: value}
+    files = _records(2)
+    data = encode_segment(files) + json.dumps(line).encode() + b"\n"
+    assert decode_segment(data) == (files, 1)
+
+
+def test_a_member_line_without_its_shards_is_refused() -> None:
+    line = {k: v for k, v in _GOOD.items() if k != "shards"}
+    assert decode_segment(json.dumps(line).encode()) == ([], 1)
+
+
+def test_whole_seconds_written_as_integers_are_times() -> None:
+    line = {**_GOOD, "time": [1, 2.5, 3]}
+    records, bad = decode_segment(json.dumps(line).encode())
+    assert bad == 0 and [r.time for r in records] == [1.0, 2.5, 3.0]
+    assert all(type(r.time) is float for r in records)
 
 
 @pytest.mark.parametrize(
@@ -27,12 +118,15 @@ def test_a_segment_decodes_to_the_records_encoded() -> None:
         b"{},{}",  # two objects on one line
         b"[1, 2]",
         b'{"name": ',  # cut short by a crash
+        b'{"v": 2, "name": ',
     ],
 )
 def test_unreadable_lines_are_counted_and_the_rest_kept(bad: bytes) -> None:
     records = _records(4)
-    lines = encode_segment(records).splitlines(keepends=True)
+    lines = _v1(records).splitlines(keepends=True)
     data = b"".join([*lines[:2], bad + b"\n", *lines[2:]])
+    assert decode_segment(data) == (records, 1)
+    data = encode_segment(records[:2]) + bad + b"\n" + encode_segment(records[2:])
     assert decode_segment(data) == (records, 1)
 
 

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 
+from trajtrack.layouts.records import decode_segment
+
 RAY_TIMEOUT = 90  # seconds for any single wait on the cluster
 
 pytestmark = pytest.mark.ray
@@ -30,9 +32,9 @@ def _recorded_names(dest: Path) -> list[str]:
     """Names in the tracker's record, in commit order (one writer, one upload worker)."""
     names = []
     for segment in sorted((dest / ".trajtrack" / "records").glob("*.jsonl")):
-        for line in segment.read_text().splitlines():
-            if line.strip():
-                names.append(json.loads(line)["name"])
+        records, bad = decode_segment(segment.read_bytes())
+        assert bad == 0, segment
+        names += [record.name for record in records]
     return names
 
 

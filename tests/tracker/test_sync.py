@@ -15,6 +15,7 @@ import torch
 
 import trajtrack
 from trajtrack import ConfigurationError, SyncTracker
+from trajtrack.layouts.records import decode_segment
 
 
 @pytest.fixture
@@ -173,7 +174,7 @@ def test_pending_dumps_are_written_at_interpreter_exit(tmp_path: Path) -> None:
     assert len(files) == 300
     assert torch.load(dest / "pending" / "299.pth")["i"][0].item() == 299
     records = list((dest / ".trajtrack" / "records").glob("*.jsonl"))
-    assert sum(len(r.read_text().splitlines()) for r in records) == 300
+    assert sum(len(decode_segment(r.read_bytes())[0]) for r in records) == 300
 
 
 def test_exit_budget_is_honoured_and_reported(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from trajtrack import (
 )
 from trajtrack.backends.memory import MemoryStorage
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
+from trajtrack.layouts.records import decode_segment
 
 
 def load(path: Path) -> Any:
@@ -616,16 +617,17 @@ async def test_record_lists_every_committed_dump(tmp_path: Path) -> None:
         await (await tracker.dump(tiny(9), "after_flush"))
     segments = sorted((tmp_path / ".trajtrack" / "records").glob("*.jsonl"))
     assert len(segments) == 2  # one at flush, one at close
-    lines = [json.loads(line) for seg in segments for line in seg.read_text().splitlines()]
-    by_path = {line["path"]: line for line in lines}
+    decoded = [decode_segment(seg.read_bytes()) for seg in segments]
+    assert [bad for _, bad in decoded] == [0, 0]
+    by_path = {entry.path: entry for found, _ in decoded for entry in found}
     assert set(by_path) == {f"r/{i}.pth" for i in range(5)} | {"after_flush.pth"}
     for record in records:
         entry = by_path[record.path]
         data = (tmp_path / record.path).read_bytes()
-        assert entry["size"] == len(data)
-        assert entry["checksum"] == record.checksum == f"crc32:{zlib.crc32(data):08x}"
-        assert entry["pid"] == os.getpid()
-        assert entry["name"] == record.name
+        assert entry == record
+        assert entry.size == len(data)
+        assert entry.checksum == f"crc32:{zlib.crc32(data):08x}"
+        assert entry.pid == os.getpid()
 
 
 async def test_stale_temp_files_of_dead_writers_are_swept(tmp_path: Path) -> None:

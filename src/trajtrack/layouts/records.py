@@ -1,11 +1,25 @@
 """The record of what was written, kept in the storage itself.
 
 Each tracker appends *segments* below ``<destination>/.trajtrack/records/``: small JSON-lines
-files, one line per committed dump (name, path, size, checksum, writer, time), each written
-atomically like a dump. A segment is written at every ``flush()``, at close and every few
-seconds while dumps commit, so after a crash at most the last few seconds are unrecorded (the
-reader then falls back to listing those files). Segment names carry a per-tracker writer id, so
-any number of processes can record into one destination without coordination.
+files describing committed dumps (name, path, size, checksum, writer, time; for a shard member
+its shard and offset), each written atomically like a dump. A segment is written at every
+``flush()``, at close and every few seconds while dumps commit, so after a crash at most the
+last few seconds are unrecorded (the reader then falls back to listing those files). Segment
+names carry a per-tracker writer id, so any number of processes can record into one
+destination without coordination.
+
+Two kinds of line, both read back (:func:`decode_segment`):
+
+* ``"v": 2`` (written since 0.1.0's record format 2): one line per writer and layout, in
+  columns -- ``name``, ``path``, ``size``, ``checksum``, ``time`` lists of one entry per dump,
+  the writer's ``host``, ``pid``, ``rank`` and ``writer`` once, and for shard members the
+  ``shards`` they are in, each dump's ``shard`` (an index into ``shards``) and ``offset``.
+  Parsing a column costs a tenth of parsing an object per dump (:mod:`trajtrack.layouts._columns`);
+* ``"v": 1``: one JSON object per dump with the same fields (what earlier writers wrote).
+
+A line that is not one of these (damaged, forged) is skipped and counted, never trusted: for a
+``v2`` line that means every dump it describes (readers then list those files as unrecorded,
+and index unrecorded shards from their tar headers).
 """
 
 from __future__ import annotations
@@ -14,8 +28,10 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
+from trajtrack.layouts._columns import COLUMNS_VERSION, column_fields, column_lines, fits_columns
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity
 
 __all__ = [
@@ -30,7 +46,7 @@ __all__ = [
 ]
 
 RECORDS_PREFIX = f"{RECORDS_DIR}/records"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of a line per dump; the columns' lines are version 2 (layouts._columns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +144,16 @@ _ENCODER = json.JSONEncoder(sort_keys=True)  # once: json.dumps(sort_keys=...) m
 
 
 def encode_segment(records: list[DumpRecord]) -> bytes:
+    """The segment of *records*: in columns (a line per writer and layout), each record that
+    columns cannot hold (a shard member without an offset) on a line of its own."""
     encode = _ENCODER.encode
-    return "".join([encode(r.to_json()) + "\n" for r in records]).encode()
+    lines = []
+    for fits, group in groupby(records, key=fits_columns):
+        if fits:
+            lines += [encode(line) for line in column_lines(list(group))]
+        else:
+            lines += [encode(record.to_json()) for record in group]
+    return "".join([line + "\n" for line in lines]).encode()
 
 
 def decode_segment(data: bytes) -> tuple[list[DumpRecord], int]:
@@ -152,6 +176,13 @@ def decode_segment_fields(data: bytes) -> tuple[list[RecordFields], int]:
     records: list[RecordFields] = []
     bad = 0
     for item in parsed:
+        if type(item) is dict and item.get("v") == COLUMNS_VERSION:
+            found = column_fields(item)
+            if found is None:
+                bad += 1
+            else:
+                records += found
+            continue
         try:
             records.append(record_fields(item))
         except (ValueError, KeyError, TypeError, AttributeError):  # AttributeError: not a dict
