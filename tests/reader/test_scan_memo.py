@@ -16,7 +16,7 @@ from tests.reader.test_fast_load import saved
 from trajtrack.reader import _torch_archive
 from trajtrack.reader._torch_archive import Declined, archive_pickle, check_opcodes
 
-_SCAN = _torch_archive._scan  # the walk itself, whatever a test puts in its place
+_SCAN = _torch_archive.scan_opcodes  # the walk itself, whatever a test puts in its place
 
 
 @pytest.fixture(autouse=True)
@@ -28,11 +28,16 @@ def empty_memo() -> Iterator[None]:
 @pytest.fixture
 def scans(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The pickles walked opcode by opcode (not answered from the memo)."""
-    return inputs_checked(monkeypatch, _torch_archive, "_scan")
+    return inputs_checked(monkeypatch, _torch_archive, "scan_opcodes")
+
+
+def pickle_of(data: bytes) -> bytes:
+    start, end = archive_pickle(data)
+    return data[start:end]
 
 
 def sample_pickle(index: int, tag: str) -> bytes:
-    return archive_pickle(saved({"index": index, "tag": tag, "values": torch.ones(4) * index}))
+    return pickle_of(saved({"index": index, "tag": tag, "values": torch.ones(4) * index}))
 
 
 def verdict(pickled: bytes) -> tuple[bytes, ...] | str:
@@ -121,7 +126,7 @@ def test_damaged_pickles_get_what_a_fresh_scan_gives(seed: int) -> None:
 
 
 def test_the_memo_is_bounded(scans: list[bytes]) -> None:
-    pickles: list[Any] = [archive_pickle(saved(list(range(n)))) for n in range(80)]
+    pickles: list[Any] = [pickle_of(saved(list(range(n)))) for n in range(80)]
     for pickled in pickles:
         verdict(pickled)
     assert _torch_archive._SKELETONS.full

@@ -58,6 +58,7 @@ from typing import Any, Final
 
 import torch
 
+from trajtrack.reader._remembered import Remembered
 from trajtrack.reader._torch_archive import (
     Declined,
     archive_pickle,
@@ -65,6 +66,7 @@ from trajtrack.reader._torch_archive import (
     check_opcodes,
     member,
     member_start,
+    scan_opcodes,
 )
 from trajtrack.tracker._archive import REBUILD_V2, REBUILD_V3, V2_STORAGES
 
@@ -93,15 +95,32 @@ def only_default_globals(data: bytes) -> bool:
     archive this module does not parse): torch's own static check must then decide. ``diff``
     asks it of byte-identical pairs, which need no loading, only the refusal a load would
     give.
+
+    An archive equal to one already answered in every byte the answer read (its directory and
+    headers but their CRC-32s, the pickle's opcodes, lengths and global names, not its numbers
+    and the tensors' data) takes that answer (:data:`_ANSWERS`): a run's dumps rarely differ
+    in those bytes (0.7 instead of 3.1 us for a 4 KB dump).
     """
-    names: list[bytes] = []
+    if not _LITTLE:
+        return False
+    known = _ANSWERS.match(data)
+    if known is not None:
+        return known
+    kept = None if _ANSWERS.full else bytearray(len(data))
     try:
-        if not _LITTLE:
-            return False
-        check_opcodes(archive_pickle(data), names)
+        start, end = archive_pickle(data, kept)
+        names = scan_opcodes(data[start:end], None if kept is None else memoryview(kept)[start:end])
     except _DECLINES:
         return False
-    return _GLOBAL_LINES.issuperset(names)
+    answer = _GLOBAL_LINES.issuperset(names)
+    if kept is not None:
+        _ANSWERS.add(data, kept, answer)
+    return answer
+
+
+_ANSWERS: Final[Remembered[bool]] = Remembered()
+""":func:`only_default_globals`' answers by the bytes they read (what :func:`archive_pickle`
+and :func:`scan_opcodes` mark)."""
 
 
 def _load(data: bytes) -> Any:

@@ -21,6 +21,7 @@ __all__ = [
     "check_opcodes",
     "member",
     "member_start",
+    "scan_opcodes",
 ]
 
 
@@ -70,23 +71,26 @@ def _is_identifier(value: bytes) -> bool:
     return value.isdigit() and value.isascii()
 
 
-def archive_pickle(data: bytes) -> bytes:
-    """The pickle of the torch archive *data*, its first record, without parsing the others.
+def archive_pickle(data: bytes, kept: bytearray | None = None) -> tuple[int, int]:
+    """Where the pickle of the torch archive *data*, its first record, starts and ends.
 
     Declined unless that record is ``<folder>/data.pkl`` and the only one of the central
     directory whose name holds ``/data.pkl`` in any letter case: it is then the record
     torch's reader looks up (``<first record's folder>/data.pkl``, ASCII case ignored),
-    whatever the other records are.
+    whatever the other records are. The directory is parsed as :func:`archive_records` parses
+    it (a record twice, names differing in case only: declined); *kept* (if given: zeros, as
+    long as *data*) is marked where the parse read, the CRC-32s excepted.
     """
-    cd_offset, cd_end, _ = _directory(data)
-    if data[cd_offset:cd_end].lower().count(b"/data.pkl") != 1:
+    records, cd_offset = _records(data, kept)
+    first = next(iter(records))
+    folder, _, tail = first.partition("/")
+    if not folder or tail != "data.pkl":
         raise Declined
-    local, size, name, _ = _central_entry(data, cd_offset, cd_end)
-    folder, _, tail = name.partition("/")
-    if not folder or tail != "data.pkl" or local >= cd_offset:
+    if sum(name.lower().count("/data.pkl") for name in records) != 1:
         raise Declined
-    start = member_start(data, local, size, cd_offset)
-    return data[start : start + size]
+    local, size = records[first]
+    start = member_start(data, local, size, cd_offset, kept)
+    return start, start + size
 
 
 _END: Final = struct.Struct("<IHHHHIIH")
@@ -163,18 +167,18 @@ def check_opcodes(pickled: bytes, names: list[bytes] | None = None) -> None:
     found = _SKELETONS.match(pickled)
     if found is None:
         kept = None if _SKELETONS.full else bytearray(len(pickled))
-        found = _scan(pickled, kept)
+        found = scan_opcodes(pickled, kept)
         if kept is not None:
             _SKELETONS.add(pickled, kept, found)
     if names is not None:
         names.extend(found)
 
 
-def _scan(pickled: bytes, kept: bytearray | None) -> tuple[bytes, ...]:
+def scan_opcodes(pickled: bytes, kept: bytearray | memoryview | None) -> tuple[bytes, ...]:
     """The ``GLOBAL`` arguments of *pickled* (declined as :func:`check_opcodes` says); in
     *kept* (if given: zeros, as long as *pickled*), 255 for each byte the walk depends on:
     every opcode, length prefix, ``GLOBAL`` argument and memo index, not the numbers and the
-    strings' contents it skips."""
+    strings' contents it skips. :func:`check_opcodes` without its memo."""
     size = len(pickled)
     names: list[bytes] = []
     at = 0
