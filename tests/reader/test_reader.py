@@ -13,8 +13,9 @@ import torch
 import trajtrack
 from _support.expect import assert_same
 from trajtrack import DumpLoadError, StorageNotFoundError, UnsafeLoadError
-from trajtrack.backends import register_backend
+from trajtrack.backends import FileInfo, register_backend
 from trajtrack.backends.memory import MemoryStorage
+from trajtrack.layouts.records import RECORDS_PREFIX, DumpRecord, encode_segment
 from trajtrack.reader import SyncRun, open_run
 from trajtrack.rollout import RolloutBatch, RolloutSample
 
@@ -52,6 +53,35 @@ async def test_unrecorded_files_and_temp_files(tmp_path: Path) -> None:
         assert dumps["step0/b"].checksum is None
         assert await run.load("step0/b") == {"b": 2}
         assert [d.name for d in await run.list("*/b")] == ["step0/b"]
+
+
+class _NoTimes(MemoryStorage):
+    """A storage that lists no modification times (some object stores)."""
+
+    async def list(self, prefix: str = "") -> list[FileInfo]:
+        return [FileInfo(f.path, f.size) for f in await super().list(prefix)]
+
+
+@pytest.mark.parametrize("untimed", [False, True])
+async def test_dumps_are_listed_in_dump_order_time_then_name(untimed: bool) -> None:
+    # Records out of order, two sharing a time; an unrecorded file without a time goes last.
+    records = [
+        DumpRecord(name, f"{name}.pth", 1, "crc32:00000000", "h", 1, 0, "w", time)
+        for name, time in [("c", 2.0), ("b", 1.0), ("a", 2.0), ("z", 0.5)]
+    ]
+    storage = _NoTimes("memory://order/run")
+    storage.put_raw(f"{RECORDS_PREFIX}/w-000000.jsonl", encode_segment(records))
+    for record in records:
+        storage.put_raw(record.path, b"x")
+    if untimed:
+        storage.put_raw("unrecorded.pth", b"y")
+    async with open_run("memory://order/run", storage=storage) as run:
+        dumps = await run.list()
+    assert [d.name for d in dumps] == ["z", "b", "a", "c"] + (["unrecorded"] if untimed else [])
+    assert dumps[-1].time is None if untimed else dumps[-1].recorded
+    with pytest.raises(AttributeError):
+        dumps[0].size = 5  # type: ignore[misc]  # a listing's entries are immutable
+    assert dumps[0]._replace(size=5).size == 5 and dumps[0].size == 1
 
 
 async def test_memory_url_iteration_and_read_bytes() -> None:
@@ -155,7 +185,7 @@ async def test_listing_parses_and_merges_off_the_event_loop(
             await tracker.dump({"x": torch.zeros(3)}, f"d{i}")
     (tmp_path / "unrecorded.pth").write_bytes(b"a file no record describes")
     threads: dict[str, set[int]] = {"decode": set(), "merge": set()}
-    decode, from_record = _listing.decode_segment_fields, _listing._from_record
+    decode, recorded = _listing.decode_segment_fields, _listing._recorded
 
     def watched_decode(data: bytes) -> object:
         threads["decode"].add(threading.get_ident())
@@ -163,10 +193,10 @@ async def test_listing_parses_and_merges_off_the_event_loop(
 
     def watched_merge(*args: object) -> object:
         threads["merge"].add(threading.get_ident())
-        return from_record(*args)  # type: ignore[arg-type]
+        return recorded(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_listing, "decode_segment_fields", watched_decode)
-    monkeypatch.setattr(_listing, "_from_record", watched_merge)
+    monkeypatch.setattr(_listing, "_recorded", watched_merge)
     async with open_run(tmp_path) as run:
         dumps = await run.list()
     assert sorted(d.name for d in dumps) == ["d0", "d1", "d2", "d3", "d4", "unrecorded"]

@@ -15,6 +15,7 @@ readers report and refuse, never read.
 from __future__ import annotations
 
 import logging
+import operator
 import os.path
 from collections.abc import Iterable
 from typing import Final
@@ -93,12 +94,66 @@ def _merge(
 ) -> list[DumpInfo]:
     """The recorded dumps, the files (*listed*: not trajtrack's own) and shard members no
     record describes, in dump order."""
-    shard_problems: dict[str, str | None] = {}  # one check per shard, not per member
-    dumps = [_from_record(r, listed, shards, shard_problems) for r in latest.values()]
+    dumps = _recorded(latest, listed, shards)
     unrecorded = [_unrecorded(info, suffix) for path, info in listed.items() if path not in latest]
     unrecorded += [d for members in found for d in members if d.path not in latest]
     dumps.extend(_newest_by_path(unrecorded))
-    dumps.sort(key=dump_order)
+    if all(dump.time is not None for dump in dumps):
+        # Two stable sorts by C key functions: time, then name among equal times (a tuple key
+        # per dump cost 0.3 us; the dumps come mostly in time order already).
+        dumps.sort(key=_BY_NAME)
+        dumps.sort(key=_BY_TIME)
+    else:
+        dumps.sort(key=dump_order)
+    return dumps
+
+
+_BY_NAME: Final = operator.itemgetter(0)  # DumpInfo.name
+_BY_TIME: Final = operator.itemgetter(8)  # DumpInfo.time
+
+
+def _recorded(
+    latest: dict[str, RecordFields], listed: dict[str, FileInfo], shards: dict[str, FileInfo]
+) -> list[DumpInfo]:
+    """A :class:`DumpInfo` per record (one per dump of the run: one loop, no call per dump
+    but the name check)."""
+    shard_problems: dict[str, str | None] = {}  # one check per shard, not per member
+    dumps: list[DumpInfo] = []
+    append = dumps.append
+    get_file, get_shard = listed.get, shards.get
+    for record in latest.values():
+        name, path, size, checksum, host, pid, rank, writer, time, shard_path, offset = record
+        problem = _path_problem(path)
+        if shard_path is None:
+            file = get_file(path)
+            stored = None if file is None else file.size
+        else:
+            if problem is None:
+                if shard_path not in shard_problems:
+                    shard_problems[shard_path] = _shard_problem(shard_path)
+                problem = shard_problems[shard_path] or _place_problem(offset, size)
+            file = get_shard(shard_path)
+            stored = None if file is None else max(0, min(size, file.size - (offset or 0)))
+        if problem is None and file is not None and file.outside:
+            problem = _OUTSIDE
+        append(
+            DumpInfo(
+                name,
+                path,
+                size,
+                checksum,
+                writer,
+                host,
+                pid,
+                rank,
+                time,
+                True,  # recorded
+                stored,
+                shard_path,
+                offset,
+                problem,
+            )
+        )
     return dumps
 
 
@@ -144,51 +199,6 @@ def _latest(segments: Iterable[bytes]) -> tuple[dict[str, RecordFields], int]:
             if known is None or record[_TIME] >= known[_TIME]:
                 latest[path] = record
     return latest, bad
-
-
-def _from_record(
-    record: RecordFields,
-    listed: dict[str, FileInfo],
-    shards: dict[str, FileInfo],
-    shard_problems: dict[str, str | None],
-) -> DumpInfo:
-    name, path, size, checksum, host, pid, rank, writer, time, shard_path, offset = record
-    problem = _path_problem(path)
-    if shard_path is None:
-        file = listed.get(path)
-        stored = None if file is None else file.size
-        if problem is None and file is not None and file.outside:
-            problem = _OUTSIDE
-    else:
-        if problem is None:
-            if shard_path not in shard_problems:
-                shard_problems[shard_path] = _shard_problem(shard_path)
-            problem = shard_problems[shard_path] or _place_problem(offset, size)
-        shard = shards.get(shard_path)
-        stored = None if shard is None else _held(shard.size, offset or 0, size)
-        if problem is None and shard is not None and shard.outside:
-            problem = _OUTSIDE
-    return DumpInfo(  # positional, in field order: one per recorded dump
-        name,
-        path,
-        size,
-        checksum,
-        writer,
-        host,
-        pid,
-        rank,
-        time,
-        True,  # recorded
-        stored,
-        shard_path,
-        offset,
-        problem,
-    )
-
-
-def _held(shard_size: int, offset: int, size: int) -> int:
-    """How many of a member's *size* bytes at *offset* a shard of *shard_size* bytes holds."""
-    return max(0, min(size, shard_size - offset))
 
 
 def _path_problem(path: str) -> str | None:
