@@ -173,13 +173,13 @@ async def test_diff_compares_no_file_out_of_the_run_in_place(
 
     other = tmp_path / "other"
     await anyio.to_thread.run_sync(write_run, str(other), {"good": {"x": torch.zeros(2)}})
-    real_compare = diff_module._compare_files
+    real_compare = diff_module.compare_files
 
     def compare_after_planting(*args: Any) -> Any:  # the link appears after listing
         _link_out_after_listing(hostile_run, tmp_path)
         return real_compare(*args)
 
-    monkeypatch.setattr(diff_module, "_compare_files", compare_after_planting)
+    monkeypatch.setattr(diff_module, "compare_files", compare_after_planting)
     monkeypatch.setattr(diff_module, "_SMALL", 0)  # compared in place (small pairs are read)
     async with open_run(hostile_run) as run_a, open_run(other) as run_b:
         result = await diff_runs(run_a, run_b, names="good")

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import trajtrack.reader._diff as diff_module
+import trajtrack.reader._pair_checks as pair_checks
 from trajtrack import Tracker
-from trajtrack.reader import diff_runs, open_run
+from trajtrack.reader import Tolerance, diff_runs, open_run
 from trajtrack.reader._files import same_contents
 from trajtrack.reader._readahead import ReadAhead
 from trajtrack.reader._run import Run
@@ -38,13 +39,13 @@ def test_same_contents(tmp_path: Path, a: bytes, b: bytes, equal: bool) -> None:
 def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every file diff loads from its path."""
     seen: list[str] = []
-    real = diff_module.load_dump_file
+    real = pair_checks.load_dump_file
 
     def recording(path: str, **options: Any) -> Any:
         seen.append(Path(path).name)
         return real(path, **options)
 
-    monkeypatch.setattr(diff_module, "load_dump_file", recording)
+    monkeypatch.setattr(pair_checks, "load_dump_file", recording)
     return seen
 
 
@@ -168,3 +169,49 @@ async def test_small_pairs_are_read_in_dump_order(
     in_dump_order = [info.name for info in await run_a.list()]
     assert sorted(in_dump_order) != in_dump_order  # dump order is not name order here
     assert requested == in_dump_order
+
+
+@pytest.mark.parametrize("layout", ["files", "shards"])
+async def test_identical_bytes_holding_nan_differ_when_nan_is_not_nan(
+    tmp_path: Path, layout: str
+) -> None:
+    # Byte-identical small pairs are equal without loading only while NaN == NaN.
+    for run in ("a", "b"):
+        async with Tracker(tmp_path / run, layout=layout) as tracker:  # type: ignore[arg-type]
+            await tracker.dump({"x": torch.tensor([1.0, float("nan")])}, "nan")
+            await tracker.dump({"x": torch.tensor([1.0, 2.0])}, "plain")
+    assert (tmp_path / "a" / "nan.pth").exists() == (layout == "files")
+    async with open_run(tmp_path / "a") as run_a, open_run(tmp_path / "b") as run_b:
+        by_default = await diff_runs(run_a, run_b)
+        strict = await diff_runs(run_a, run_b, tolerance=Tolerance(equal_nan=False))
+    assert {c.name: c.status for c in by_default.comparisons} == {"nan": "equal", "plain": "equal"}
+    assert {c.name: c.status for c in strict.comparisons} == {"nan": "different", "plain": "equal"}
+
+
+async def test_comparisons_come_in_dump_order_then_name_order() -> None:
+    from trajtrack.backends.memory import MemoryStorage
+    from trajtrack.layouts.records import RECORDS_PREFIX, DumpRecord, encode_segment
+
+    def saved(obj: Any) -> bytes:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        return buffer.getvalue()
+
+    # Dumps committed at one time (one order), recorded out of name order, one later; "b" is
+    # large (compared on its own, its result may come ahead of a group of small pairs).
+    data = {"c": saved(1), "a": saved(2), "late": saved(3), "b": saved(torch.zeros(1 << 15))}
+    times = {"c": 5.0, "a": 5.0, "late": 9.0, "b": 5.0}
+    runs = []
+    for url in ("memory://order/a", "memory://order/b"):
+        storage = MemoryStorage(url)
+        records = [
+            DumpRecord(n, f"{n}.pth", len(data[n]), "crc32:0", "h", 1, 0, "w", t)
+            for n, t in times.items()
+        ]
+        storage.put_raw(f"{RECORDS_PREFIX}/w-000000.jsonl", encode_segment(records))
+        for name, blob in data.items():
+            storage.put_raw(f"{name}.pth", blob)
+        runs.append(open_run(url, storage=storage))
+    result = await diff_runs(*runs)
+    assert [c.name for c in result.comparisons] == ["a", "b", "c", "late"]
+    assert result.equal

@@ -1,34 +1,30 @@
-"""Reading a batch of dumps: :func:`read_local` (one worker thread) and :func:`read_remote`.
+"""Reading a batch of dumps: :func:`read_remote` (and, off a local disk,
+:func:`~trajtrack.reader._local_reads.read_local`).
 
 Shard members that lie close together in one shard (a batch in dump order: consecutive
 members) are fetched with one read of the span that holds them all, then sliced: one system
 call per run of members on a local disk (``pread``) instead of one per member, and one ranged
 request elsewhere (WebHDFS ``OPEN`` with offset and length) instead of a round trip per member.
-Local files are opened relative to their directory's descriptor, never through a link leading
-out of the run (:class:`~trajtrack.backends._local_paths.DirectoryReader`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
 
 from trajtrack._exceptions import DumpLoadError, StorageError, StoragePermissionError
-from trajtrack.backends import Storage, check_relative
-from trajtrack.backends._local_paths import DirectoryReader
-from trajtrack.backends.local import translate
+from trajtrack.backends import Storage
 from trajtrack.reader._dumps import DumpInfo
-from trajtrack.reader._files import LocalFile, inside_run, real_root
 from trajtrack.reader._gather import gather_bounded, group_small
 
 __all__ = [
+    "GAP_MAX",
     "SMALL_DUMP",
+    "SPAN_MAX",
     "check_readable",
     "dump_batches",
     "member_spans",
     "read_batches",
-    "read_local",
     "read_remote",
     "whole_member",
 ]
@@ -71,27 +67,8 @@ def _size(info: DumpInfo) -> int:
     return info.size
 
 
-_SPAN_MAX: Final = 8 << 20  # the most read at once for a run of neighbouring members
-_GAP_MAX: Final = 64 << 10  # members further apart than this are read on their own
-
-
-def read_local(url: str, root: str, infos: Sequence[DumpInfo]) -> list[bytes | Exception]:
-    """The bytes of each dump of *infos* below the local root *root*, or the error that
-    reading it raised (blocking)."""
-    batch = _Batch(root, infos)
-    out: list[bytes | Exception] = []
-    try:
-        for index, info in enumerate(infos):
-            try:
-                check_readable(url, info)
-                out.append(batch.read(index, info))
-            except (StorageError, DumpLoadError) as exc:  # refused, missing, short shard
-                out.append(exc)
-            except OSError as exc:
-                out.append(translate(exc, f"{info.name}: {info.shard or info.path}"))
-    finally:
-        batch.close()
-    return out
+SPAN_MAX: Final = 8 << 20  # the most read at once for a run of neighbouring members
+GAP_MAX: Final = 64 << 10  # members further apart than this are read on their own
 
 
 async def read_remote(
@@ -180,53 +157,6 @@ def whole_member(info: DumpInfo, data: bytes) -> bytes:
     return data
 
 
-class _Batch:
-    """The open descriptors of one batch: a directory at a time, each shard once."""
-
-    def __init__(self, root: str, infos: Sequence[DumpInfo]) -> None:
-        self._root = root
-        self._files = DirectoryReader(root, real_root(root))
-        self._shards: dict[str, int] = {}
-        self._spans = member_spans(infos)
-        self._window: tuple[str, int, bytes] | None = None  # (shard, offset, bytes read)
-
-    def read(self, index: int, info: DumpInfo) -> bytes:
-        if info.shard is None:
-            expected = info.stored_size if info.stored_size is not None else info.size
-            try:
-                return self._files.read(check_relative(info.path), expected)
-            except StoragePermissionError as exc:  # a link leading out, planted since listing
-                raise StoragePermissionError(f"{info.name}: {exc} (outside the run)") from exc
-        offset = info.offset or 0
-        window = self._window
-        if (
-            window is None
-            or window[0] != info.shard
-            or not (window[1] <= offset and offset + info.size <= window[1] + len(window[2]))
-        ):
-            span = self._spans.get(index)
-            if span is None:
-                return whole_member(info, os.pread(self._shard(info), info.size, offset))
-            span_offset, span_length = span
-            data = os.pread(self._shard(info), span_length, span_offset)
-            window = self._window = (info.shard, span_offset, data)
-        start = offset - window[1]
-        return whole_member(info, window[2][start : start + info.size])
-
-    def _shard(self, info: DumpInfo) -> int:
-        shard = info.shard or ""
-        fd = self._shards.get(shard)
-        if fd is None:
-            path = inside_run(LocalFile(self._root, check_relative(shard)), info.name)
-            fd = self._shards[shard] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        return fd
-
-    def close(self) -> None:
-        self._files.close()
-        for fd in self._shards.values():
-            os.close(fd)
-
-
 def member_spans(infos: Sequence[DumpInfo]) -> dict[int, tuple[int, int]]:
     """``index -> (offset, length)`` for the first of each run of two or more consecutive
     members of one shard lying close together: one read covers them all."""
@@ -242,9 +172,9 @@ def member_spans(infos: Sequence[DumpInfo]) -> dict[int, tuple[int, int]]:
             info = infos[following]
             if info.shard != first.shard or info.problem is not None or info.offset is None:
                 break
-            if not (end <= info.offset <= end + _GAP_MAX):
+            if not (end <= info.offset <= end + GAP_MAX):
                 break
-            if info.offset + info.size - start > _SPAN_MAX:
+            if info.offset + info.size - start > SPAN_MAX:
                 break
             end = info.offset + info.size
             following += 1

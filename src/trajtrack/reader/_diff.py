@@ -5,128 +5,46 @@ and compares each pair (:func:`trajtrack.reader._compare.compare`), and returns 
 comparisons sorted in dump order (commit time relative to the run's first dump, then name), so
 the first divergence is the first entry that is not equal.
 
-A pair of local files (both storages give a ``local_path``) is compared in place, through two
-buffers each thread reuses (:mod:`trajtrack.reader._files`), and, when the files differ,
-loaded by ``torch.load`` from their paths: no ``bytes`` object per file in between; the kernel
-is told which files come next (:mod:`trajtrack.reader._readahead`). Other storages' files are
-read, then loaded from the bytes.
+Small pairs (both dumps up to 64 KB) are read in groups, a span of neighbouring shard members
+at a time (``Run.read_many``), and compared in one loop (:mod:`trajtrack.reader._pair_checks`);
+off a local disk the group is read by the thread that compares it. A larger pair of local files
+(both storages give a ``local_path``) is compared in place, through two buffers each thread
+reuses (:mod:`trajtrack.reader._files`), and, when the files differ, loaded by ``torch.load``
+from their paths; the kernel is told which files come next (:mod:`trajtrack.reader._readahead`).
+Other storages' files are read, then loaded from the bytes. The results:
+:mod:`trajtrack.reader._diff_result`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import operator
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import anyio
 import anyio.to_thread
 
-from trajtrack._exceptions import DumpLoadError, TrajtrackError, UnsafeLoadError
+from trajtrack._exceptions import DumpLoadError, TrajtrackError
 from trajtrack.reader._batch_reads import SMALL_DUMP, read_batches
-from trajtrack.reader._compare import Difference, Tolerance, compare
+from trajtrack.reader._compare import Tolerance
+from trajtrack.reader._diff_result import (
+    DumpComparison,
+    Pair,
+    RunDiff,
+    Status,
+    compared,
+    failed,
+)
 from trajtrack.reader._dumps import DumpInfo
-from trajtrack.reader._files import LocalFile, inside_run, local_file, same_contents
+from trajtrack.reader._files import LocalFile, local_file
 from trajtrack.reader._gather import both, gather_bounded
+from trajtrack.reader._pair_checks import compare_files, compare_read, load_and_compare
 from trajtrack.reader._readahead import AVAILABLE as readahead_available, ReadAhead
 from trajtrack.reader._run import Run
-from trajtrack.reader._safe_load import check_loadable, load_dump_bytes, load_dump_file
 
 __all__ = ["DumpComparison", "RunDiff", "diff_runs"]
-
-Status = Literal["equal", "different", "only_in_a", "only_in_b", "error"]
-
-
-@dataclass(frozen=True, slots=True)
-class DumpComparison:
-    """The comparison of one dump name across two runs.
-
-    Attributes:
-        name: The dump name.
-        status: ``equal``, ``different``, ``only_in_a``, ``only_in_b`` or ``error``.
-        a: The dump in run A (``None`` when absent).
-        b: The dump in run B (``None`` when absent).
-        differences: What differs (at most the per-dump limit).
-        error: Why the dump could not be compared (``status == "error"``).
-        order: Commit time relative to its run's first dump (dump order across both runs).
-    """
-
-    name: str
-    status: Status
-    a: DumpInfo | None
-    b: DumpInfo | None
-    differences: tuple[Difference, ...] = ()
-    error: str | None = None
-    order: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-serializable dict."""
-        return {
-            "name": self.name,
-            "status": self.status,
-            "path_a": self.a.path if self.a else None,
-            "path_b": self.b.path if self.b else None,
-            "order": self.order,
-            "error": self.error,
-            "differences": [d.to_json() for d in self.differences],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class RunDiff:
-    """The comparison of two runs, dumps in dump order.
-
-    Attributes:
-        url_a: Run A.
-        url_b: Run B.
-        tolerance: The tolerance used.
-        comparisons: One entry per dump name present in either run.
-    """
-
-    url_a: str
-    url_b: str
-    tolerance: Tolerance
-    comparisons: tuple[DumpComparison, ...]
-
-    @property
-    def equal(self) -> bool:
-        """True when every dump exists in both runs and is equal within tolerance."""
-        return all(c.status == "equal" for c in self.comparisons)
-
-    @property
-    def exit_code(self) -> int:
-        """0 equal, 1 different (or missing dumps), 2 some dump could not be compared."""
-        if any(c.status == "error" for c in self.comparisons):
-            return 2
-        return 0 if self.equal else 1
-
-    def counts(self) -> dict[str, int]:
-        """Number of dumps per status."""
-        out = dict.fromkeys(("equal", "different", "only_in_a", "only_in_b", "error"), 0)
-        for c in self.comparisons:
-            out[c.status] += 1
-        return out
-
-    def first_divergence(self) -> DumpComparison | None:
-        """The first dump, in dump order, that is not equal."""
-        return next((c for c in self.comparisons if c.status != "equal"), None)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-serializable dict."""
-        first = self.first_divergence()
-        return {
-            "a": self.url_a,
-            "b": self.url_b,
-            "tolerance": dataclasses.asdict(self.tolerance),
-            "equal": self.equal,
-            "exit_code": self.exit_code,
-            "counts": self.counts(),
-            "first_divergence": first.name if first else None,
-            "dumps": [c.to_json() for c in self.comparisons],
-        }
 
 
 async def diff_runs(
@@ -171,7 +89,8 @@ async def diff_runs(
         batches = await gather_bounded(comparer.batches(pairs), comparer.compare_batch, limit=limit)
         group.cancel_scope.cancel()
     results = [comparison for batch in batches for comparison in batch]
-    results.sort(key=lambda c: (c.order, c.name))  # a large pair may go ahead of a batch
+    results.sort(key=_NAME)  # then by order, stably: a large pair may go ahead of a batch
+    results.sort(key=_ORDER)
     return RunDiff(run_a.url, run_b.url, comparer.tol, tuple(results))
 
 
@@ -189,13 +108,14 @@ async def _list_both(
     return await both(lambda: run_a.list(names), lambda: run_b.list(names))
 
 
-_Pair = tuple[str, DumpInfo | None, DumpInfo | None, float]
+_NAME: Final = operator.itemgetter(0)  # DumpComparison.name
+_ORDER: Final = operator.itemgetter(6)  # DumpComparison.order
 
 _SMALL = SMALL_DUMP  # a pair with a larger dump is compared on its own
 _AHEAD_MIN = 256 << 10  # read ahead only when local pairs hold this much on average
 
 
-def _pairs(listed_a: list[DumpInfo], listed_b: list[DumpInfo]) -> list[_Pair]:
+def _pairs(listed_a: list[DumpInfo], listed_b: list[DumpInfo]) -> list[Pair]:
     """``(name, a, b, order)`` per dump name in either run; *order* places it in dump order."""
     dumps_a = {d.name: d for d in listed_a}
     dumps_b = {d.name: d for d in listed_b}
@@ -204,7 +124,7 @@ def _pairs(listed_a: list[DumpInfo], listed_b: list[DumpInfo]) -> list[_Pair]:
     inf = math.inf
     get_b = dumps_b.get
     # A name's order comes from run A where it is there, else from run B.
-    pairs: list[_Pair] = [
+    pairs: list[Pair] = [
         (name, a, get_b(name), inf if a.time is None else a.time - start_a)
         for name, a in dumps_a.items()
     ]
@@ -253,7 +173,7 @@ class _Comparer:
         reader_a, reader_b = run_a.blocking_reader(), run_b.blocking_reader()
         self.readers = None if reader_a is None or reader_b is None else (reader_a, reader_b)
 
-    def find_local_files(self, pairs: list[_Pair]) -> None:
+    def find_local_files(self, pairs: list[Pair]) -> None:
         """The small pairs, read in batches (:meth:`batches`); the large pairs of files both
         on this machine (both present: compared in place), and their read-ahead."""
         sized = []
@@ -275,7 +195,7 @@ class _Comparer:
             sized
         )
 
-    def batches(self, pairs: list[_Pair]) -> list[list[_Pair]]:
+    def batches(self, pairs: list[Pair]) -> list[list[Pair]]:
         """*pairs* in order, small pairs in groups (:func:`read_batches`): read with
         ``read_many`` (a local storage: in the hop that compares them), then loaded and
         compared in one hop. For small files, loading from the bytes is faster than torch
@@ -284,7 +204,7 @@ class _Comparer:
         small = self.small
         return read_batches(pairs, lambda pair: pair[0] in small, _pair_bytes)
 
-    async def compare_batch(self, batch: list[_Pair]) -> list[DumpComparison]:
+    async def compare_batch(self, batch: list[Pair]) -> list[DumpComparison]:
         """Compare the pairs of one batch (see :meth:`batches`)."""
         if len(batch) == 1:
             results = [await self.compare(batch[0])]
@@ -305,7 +225,7 @@ class _Comparer:
             self.progress(self.done)
         return results
 
-    def _read_and_compare(self, batch: list[_Pair]) -> list[DumpComparison]:
+    def _read_and_compare(self, batch: list[Pair]) -> list[DumpComparison]:
         assert self.readers is not None  # the caller checked
         read_a, read_b = self.readers
         data_a = read_a([a for _, a, _, _ in batch])  # type: ignore[misc]  # small: both there
@@ -313,25 +233,11 @@ class _Comparer:
         return self._compare_read(batch, data_a, data_b)
 
     def _compare_read(
-        self, batch: list[_Pair], data_a: list[bytes | Exception], data_b: list[bytes | Exception]
+        self, batch: list[Pair], data_a: list[bytes | Exception], data_b: list[bytes | Exception]
     ) -> list[DumpComparison]:
-        def one(x: bytes | Exception, y: bytes | Exception, name: str) -> list[Difference]:
-            for data in (x, y):
-                if isinstance(data, Exception):
-                    raise data
-            return _load_and_compare(x, y, name, self.tol, self.unsafe, self.limit)  # type: ignore[arg-type]
+        return compare_read(batch, data_a, data_b, self.tol, self.unsafe, self.limit)
 
-        results = []
-        for pair, x, y in zip(batch, data_a, data_b, strict=True):
-            try:
-                found = one(x, y, pair[0])
-            except (TrajtrackError, OSError) as exc:
-                results.append(_failed(pair, exc))
-            else:
-                results.append(_compared(pair, found))
-        return results
-
-    async def compare(self, pair: _Pair) -> DumpComparison:
+    async def compare(self, pair: Pair) -> DumpComparison:
         name, a, b, rank = pair
         if a is None or b is None:
             status: Status = "only_in_b" if a is None else "only_in_a"
@@ -343,7 +249,7 @@ class _Comparer:
                 path_a, path_b = paths
                 try:
                     found = await anyio.to_thread.run_sync(
-                        _compare_files, path_a, path_b, name, tol, unsafe, limit, limiter=self.cpu
+                        compare_files, path_a, path_b, name, tol, unsafe, limit, limiter=self.cpu
                     )
                 finally:
                     self.readahead.finished()
@@ -351,22 +257,11 @@ class _Comparer:
                 _check_present(a, b)
                 data_a, data_b = await _read_pair(self.run_a, self.run_b, a, b)
                 found = await anyio.to_thread.run_sync(
-                    _load_and_compare, data_a, data_b, name, tol, unsafe, limit, limiter=self.cpu
+                    load_and_compare, data_a, data_b, name, tol, unsafe, limit, limiter=self.cpu
                 )
         except (TrajtrackError, OSError) as exc:
-            return _failed(pair, exc)
-        return _compared(pair, found)
-
-
-def _failed(pair: _Pair, exc: BaseException) -> DumpComparison:
-    name, a, b, rank = pair
-    return DumpComparison(name, "error", a, b, error=_message(exc), order=rank)
-
-
-def _compared(pair: _Pair, found: list[Difference]) -> DumpComparison:
-    name, a, b, rank = pair
-    status: Status = "different" if found else "equal"
-    return DumpComparison(name, status, a, b, tuple(found), order=rank)
+            return failed(pair, exc)
+        return compared(pair, found)
 
 
 def _small_pair(a: DumpInfo, b: DumpInfo) -> bool:
@@ -385,7 +280,7 @@ def _small_pair(a: DumpInfo, b: DumpInfo) -> bool:
     )
 
 
-def _pair_bytes(pair: _Pair) -> int:
+def _pair_bytes(pair: Pair) -> int:
     _, a, b, _ = pair
     return (a.size if a is not None else 0) + (b.size if b is not None else 0)
 
@@ -413,40 +308,6 @@ async def _read_pair(run_a: Run, run_b: Run, a: DumpInfo, b: DumpInfo) -> tuple[
     return await run_a.read_bytes(a), await run_b.read_bytes(b)
 
 
-def _load_and_compare(
-    data_a: bytes, data_b: bytes, name: str, tol: Tolerance, unsafe: bool, limit: int
-) -> list[Difference]:
-    if tol.equal_nan and data_a == data_b:
-        # Same bytes, same object: nothing to compare, but a dump the loader would refuse is
-        # refused here too (a static scan of its pickle; the tensors are not loaded).
-        check_loadable(data_a, unsafe=unsafe, where=f"A:{name}")
-        return []
-    obj_a = load_dump_bytes(data_a, unsafe=unsafe, where=f"A:{name}")
-    obj_b = load_dump_bytes(data_b, unsafe=unsafe, where=f"B:{name}")
-    found: list[Difference] = compare(obj_a, obj_b, tol, limit=limit)
-    return found
-
-
-def _compare_files(
-    file_a: LocalFile, file_b: LocalFile, name: str, tol: Tolerance, unsafe: bool, limit: int
-) -> list[Difference]:
-    """:func:`_load_and_compare` for two local files: compared, then loaded by torch itself."""
-    path_a, path_b = inside_run(file_a, f"A:{name}"), inside_run(file_b, f"B:{name}")
-    if tol.equal_nan and same_contents(path_a, path_b):
-        check_loadable(path_a, unsafe=unsafe, where=f"A:{name}")
-        return []
-    obj_a = load_dump_file(path_a, unsafe=unsafe, where=f"A:{name}")
-    obj_b = load_dump_file(path_b, unsafe=unsafe, where=f"B:{name}")
-    found: list[Difference] = compare(obj_a, obj_b, tol, limit=limit)
-    return found
-
-
 def _first_time(dumps: Any) -> float:
     times = [d.time for d in dumps if d.time is not None]
     return min(times) if times else 0.0
-
-
-def _message(exc: BaseException) -> str:
-    if isinstance(exc, UnsafeLoadError | DumpLoadError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"

@@ -27,10 +27,11 @@ from trajtrack._exceptions import (
 )
 from trajtrack.backends import Storage, open_storage
 from trajtrack.backends.local import translated
-from trajtrack.reader._batch_reads import check_readable, read_local, read_remote, whole_member
+from trajtrack.reader._batch_reads import check_readable, read_remote, whole_member
 from trajtrack.reader._dumps import DumpInfo, RunListing, matches
 from trajtrack.reader._files import LocalFile, inside_run, local_file
 from trajtrack.reader._listing import scan_run
+from trajtrack.reader._local_reads import read_local
 from trajtrack.reader._safe_load import load_dump_bytes, load_dump_file
 
 __all__ = ["DEFAULT_CONCURRENCY", "Run", "open_run"]

@@ -1,0 +1,128 @@
+"""What :func:`~trajtrack.reader.diff_runs` returns: a :class:`DumpComparison` per dump name
+in a :class:`RunDiff`, and how a pair's outcome becomes one."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from trajtrack._exceptions import DumpLoadError, UnsafeLoadError
+from trajtrack.reader._compare import Difference, Tolerance
+from trajtrack.reader._dumps import DumpInfo
+
+__all__ = ["DumpComparison", "Pair", "RunDiff", "Status", "compared", "failed", "message"]
+
+Status = Literal["equal", "different", "only_in_a", "only_in_b", "error"]
+
+
+class DumpComparison(NamedTuple):
+    """The comparison of one dump name across two runs (an immutable named tuple: a diff
+    makes one per dump name).
+
+    Attributes:
+        name: The dump name.
+        status: ``equal``, ``different``, ``only_in_a``, ``only_in_b`` or ``error``.
+        a: The dump in run A (``None`` when absent).
+        b: The dump in run B (``None`` when absent).
+        differences: What differs (at most the per-dump limit).
+        error: Why the dump could not be compared (``status == "error"``).
+        order: Commit time relative to its run's first dump (dump order across both runs).
+    """
+
+    name: str
+    status: Status
+    a: DumpInfo | None
+    b: DumpInfo | None
+    differences: tuple[Difference, ...] = ()
+    error: str | None = None
+    order: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serializable dict."""
+        return {
+            "name": self.name,
+            "status": self.status,
+            "path_a": self.a.path if self.a else None,
+            "path_b": self.b.path if self.b else None,
+            "order": self.order,
+            "error": self.error,
+            "differences": [d.to_json() for d in self.differences],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunDiff:
+    """The comparison of two runs, dumps in dump order.
+
+    Attributes:
+        url_a: Run A.
+        url_b: Run B.
+        tolerance: The tolerance used.
+        comparisons: One entry per dump name present in either run.
+    """
+
+    url_a: str
+    url_b: str
+    tolerance: Tolerance
+    comparisons: tuple[DumpComparison, ...]
+
+    @property
+    def equal(self) -> bool:
+        """True when every dump exists in both runs and is equal within tolerance."""
+        return all(c.status == "equal" for c in self.comparisons)
+
+    @property
+    def exit_code(self) -> int:
+        """0 equal, 1 different (or missing dumps), 2 some dump could not be compared."""
+        if any(c.status == "error" for c in self.comparisons):
+            return 2
+        return 0 if self.equal else 1
+
+    def counts(self) -> dict[str, int]:
+        """Number of dumps per status."""
+        out = dict.fromkeys(("equal", "different", "only_in_a", "only_in_b", "error"), 0)
+        for c in self.comparisons:
+            out[c.status] += 1
+        return out
+
+    def first_divergence(self) -> DumpComparison | None:
+        """The first dump, in dump order, that is not equal."""
+        return next((c for c in self.comparisons if c.status != "equal"), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serializable dict."""
+        first = self.first_divergence()
+        return {
+            "a": self.url_a,
+            "b": self.url_b,
+            "tolerance": dataclasses.asdict(self.tolerance),
+            "equal": self.equal,
+            "exit_code": self.exit_code,
+            "counts": self.counts(),
+            "first_divergence": first.name if first else None,
+            "dumps": [c.to_json() for c in self.comparisons],
+        }
+
+
+Pair = tuple[str, DumpInfo | None, DumpInfo | None, float]
+"""``(name, a, b, order)``: a dump name, its dump in each run, its place in dump order."""
+
+
+def failed(pair: Pair, exc: BaseException) -> DumpComparison:
+    """The comparison of a pair that could not be compared (*exc* says why)."""
+    name, a, b, order = pair
+    return DumpComparison(name, "error", a, b, (), message(exc), order)
+
+
+def compared(pair: Pair, found: list[Difference]) -> DumpComparison:
+    """The comparison of a pair whose differences are *found* (none: equal)."""
+    name, a, b, order = pair
+    return DumpComparison(name, "different" if found else "equal", a, b, tuple(found), None, order)
+
+
+def message(exc: BaseException) -> str:
+    """An error's text for a report: trajtrack's own load errors as they are, others typed."""
+    if isinstance(exc, UnsafeLoadError | DumpLoadError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

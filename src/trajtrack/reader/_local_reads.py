@@ -1,0 +1,112 @@
+"""Reading a batch of dumps off a local disk in one worker thread: :func:`read_local`.
+
+One pass over the batch (dump order, so consecutive shard members are mostly neighbours): a
+member outside the bytes read last starts a *span*, the run of following members of the same
+shard that lie close together, read with one ``pread`` and sliced; a dump in a file of its own
+is read relative to its directory's descriptor, never through a link leading out of the run
+(:class:`~trajtrack.backends._local_paths.DirectoryReader`). Shards are opened once a batch,
+checked not to lead out of the run either.
+
+This is per-dump work on the hot path of ``diff`` and ``verify`` (tens of thousands of small
+dumps): no call per member but the slice, the checks of :func:`check_readable` and
+:func:`whole_member` written out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Final
+
+from trajtrack._exceptions import DumpLoadError, StorageError, StoragePermissionError
+from trajtrack.backends import check_relative
+from trajtrack.backends._local_paths import DirectoryReader
+from trajtrack.backends.local import translate
+from trajtrack.reader._batch_reads import GAP_MAX, SPAN_MAX, check_readable, whole_member
+from trajtrack.reader._dumps import DumpInfo
+from trajtrack.reader._files import LocalFile, inside_run, real_root
+
+__all__ = ["read_local"]
+
+_SHARD_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC
+
+
+def read_local(url: str, root: str, infos: Sequence[DumpInfo]) -> list[bytes | Exception]:
+    """The bytes of each dump of *infos* below the local root *root*, or the error that
+    reading it raised (blocking)."""
+    reader = _Reader(url, root)
+    out: list[bytes | Exception] = []
+    append = out.append
+    shard_at, start, end, window = None, 0, 0, b""  # the span read last, [start, end)
+    try:
+        for index, info in enumerate(infos):
+            try:
+                shard = info.shard
+                if info.problem is not None or shard is None:
+                    append(reader.file(info))
+                    continue
+                offset = info.offset or 0
+                if shard != shard_at or offset < start or offset + info.size > end:
+                    shard_at, start = shard, offset
+                    window = os.pread(reader.shard(info), _span(infos, index) - start, start)
+                    end = start + len(window)
+                data = window[offset - start : offset - start + info.size]
+                append(data if len(data) == info.size else whole_member(info, data))
+            except (StorageError, DumpLoadError) as exc:  # refused, missing, short shard
+                append(exc)
+            except OSError as exc:
+                append(translate(exc, f"{info.name}: {info.shard or info.path}"))
+    finally:
+        reader.close()
+    return out
+
+
+def _span(infos: Sequence[DumpInfo], index: int) -> int:
+    """Where the span starting at member *index* ends: past the run of following members of
+    its shard that each start at most :data:`GAP_MAX` after the one before ends, within
+    :data:`SPAN_MAX` of the first."""
+    first = infos[index]
+    start = first.offset or 0
+    end = start + first.size
+    for following in range(index + 1, len(infos)):
+        info = infos[following]
+        offset = info.offset
+        if info.shard != first.shard or info.problem is not None or offset is None:
+            break
+        if not end <= offset <= end + GAP_MAX or offset + info.size - start > SPAN_MAX:
+            break
+        end = offset + info.size
+    return end
+
+
+class _Reader:
+    """The open descriptors of one batch: a directory at a time, each shard once."""
+
+    def __init__(self, url: str, root: str) -> None:
+        self._url = url
+        self._root = root
+        self._files = DirectoryReader(root, real_root(root))
+        self._shards: dict[str, int] = {}
+
+    def file(self, info: DumpInfo) -> bytes:
+        """A dump in a file of its own (or refused: :func:`check_readable`)."""
+        check_readable(self._url, info)
+        expected = info.stored_size if info.stored_size is not None else info.size
+        try:
+            return self._files.read(check_relative(info.path), expected)
+        except StoragePermissionError as exc:  # a link leading out, planted since listing
+            raise StoragePermissionError(f"{info.name}: {exc} (outside the run)") from exc
+
+    def shard(self, info: DumpInfo) -> int:
+        """The descriptor of *info*'s shard, opened once."""
+        shard = info.shard or ""
+        fd = self._shards.get(shard)
+        if fd is None:
+            path = inside_run(LocalFile(self._root, check_relative(shard)), info.name)
+            fd = self._shards[shard] = os.open(path, _SHARD_FLAGS)
+        return fd
+
+    def close(self) -> None:
+        self._files.close()
+        for fd in self._shards.values():
+            os.close(fd)
