@@ -185,3 +185,25 @@ async def test_diff_compares_no_file_out_of_the_run_in_place(
         result = await diff_runs(run_a, run_b, names="good")
     (good,) = result.comparisons
     assert good.status == "error" and "outside the run" in (good.error or "")
+
+
+async def test_a_shard_replaced_by_a_link_out_after_listing_is_not_read(tmp_path: Path) -> None:
+    # Batches of shard members (diff, verify, export) open each shard checked not to lead out.
+    from trajtrack import Tracker
+    from trajtrack.reader import open_run
+
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    async with Tracker(run, layout="shards") as tracker:
+        for i in range(3):
+            await tracker.dump({"x": torch.full((4,), i)}, f"d{i}")
+    (shard,) = (run / ".trajtrack" / "shards").glob("*.tar")
+    async with open_run(run) as opened:
+        infos = await opened.list()
+        assert [d.problem for d in infos] == [None] * 3
+        outside.mkdir()
+        shard.rename(outside / shard.name)
+        shard.symlink_to(outside / shard.name)
+        results = await opened.read_many(infos)
+    assert len(results) == 3
+    for result in results:
+        assert isinstance(result, StoragePermissionError) and "outside the run" in str(result)

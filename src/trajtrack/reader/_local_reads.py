@@ -20,21 +20,23 @@ from typing import Final
 
 from trajtrack._exceptions import DumpLoadError, StorageError, StoragePermissionError
 from trajtrack.backends import check_relative
-from trajtrack.backends._local_paths import DirectoryReader
+from trajtrack.backends._local_paths import DirectoryReader, resolve_inside
 from trajtrack.backends.local import translate
 from trajtrack.reader._batch_reads import GAP_MAX, SPAN_MAX, check_readable, whole_member
 from trajtrack.reader._dumps import DumpInfo
-from trajtrack.reader._files import LocalFile, inside_run, real_root
+from trajtrack.reader._files import real_root
 
-__all__ = ["read_local"]
+__all__ = ["LocalReader", "read_local"]
 
 _SHARD_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC
 
 
-def read_local(url: str, root: str, infos: Sequence[DumpInfo]) -> list[bytes | Exception]:
+def read_local(
+    url: str, root: str, infos: Sequence[DumpInfo], *, real: str | None = None
+) -> list[bytes | Exception]:
     """The bytes of each dump of *infos* below the local root *root*, or the error that
-    reading it raised (blocking)."""
-    reader = _Reader(url, root)
+    reading it raised (blocking). *real*: ``os.path.realpath(root)``, if known."""
+    reader = _Reader(url, root, real_root(root) if real is None else real)
     out: list[bytes | Exception] = []
     append = out.append
     shard_at, start, end, window = None, 0, 0, b""  # the span read last, [start, end)
@@ -82,10 +84,11 @@ def _span(infos: Sequence[DumpInfo], index: int) -> int:
 class _Reader:
     """The open descriptors of one batch: a directory at a time, each shard once."""
 
-    def __init__(self, url: str, root: str) -> None:
+    def __init__(self, url: str, root: str, real: str) -> None:
         self._url = url
         self._root = root
-        self._files = DirectoryReader(root, real_root(root))
+        self._real = real
+        self._files = DirectoryReader(root, real)
         self._shards: dict[str, int] = {}
 
     def file(self, info: DumpInfo) -> bytes:
@@ -102,7 +105,10 @@ class _Reader:
         shard = info.shard or ""
         fd = self._shards.get(shard)
         if fd is None:
-            path = inside_run(LocalFile(self._root, check_relative(shard)), info.name)
+            try:
+                path = resolve_inside(self._root, self._real, check_relative(shard))
+            except StoragePermissionError as exc:
+                raise StoragePermissionError(f"{info.name}: {exc} (outside the run)") from exc
             fd = self._shards[shard] = os.open(path, _SHARD_FLAGS)
         return fd
 
@@ -110,3 +116,18 @@ class _Reader:
         self._files.close()
         for fd in self._shards.values():
             os.close(fd)
+
+
+class LocalReader:
+    """:func:`read_local` of one run, called batch after batch: the run's root resolved once
+    (in the first worker thread that reads), not once a batch."""
+
+    def __init__(self, url: str, root: str) -> None:
+        self._url = url
+        self._root = root
+        self._real: str | None = None
+
+    def __call__(self, infos: Sequence[DumpInfo]) -> list[bytes | Exception]:
+        if self._real is None:
+            self._real = real_root(self._root)  # two threads may both: the same answer
+        return read_local(self._url, self._root, infos, real=self._real)

@@ -31,7 +31,7 @@ from trajtrack.reader._batch_reads import check_readable, read_remote, whole_mem
 from trajtrack.reader._dumps import DumpInfo, RunListing, matches
 from trajtrack.reader._files import LocalFile, inside_run, local_file
 from trajtrack.reader._listing import scan_run
-from trajtrack.reader._local_reads import read_local
+from trajtrack.reader._local_reads import LocalReader, read_local
 from trajtrack.reader._safe_load import load_dump_bytes, load_dump_file
 
 __all__ = ["DEFAULT_CONCURRENCY", "Run", "open_run"]
@@ -193,7 +193,7 @@ class Run:
         root = self.storage.local_path("")
         if root is None:
             return None
-        return functools.partial(read_local, self._url, root)
+        return LocalReader(self._url, root)
 
     async def load(self, name: str | DumpInfo, *, unsafe: bool = False) -> Any:
         """Read and deserialize one dump; tensors come back on the CPU.
