@@ -23,6 +23,7 @@ __all__ = [
     "WriterIdentity",
     "is_internal_path",
     "parse_temp_path",
+    "plainly_valid",
     "render_name",
     "temp_path_for",
     "validate_name",
@@ -50,9 +51,15 @@ def validate_name(name: object) -> str:
     name = str.__str__(name)
     # The common case in one C call: a short ASCII name that breaks no rule. Every other name
     # takes the full check (which also words the error).
-    if len(name) <= MAX_COMPONENT_BYTES and name.isascii() and _PLAINLY_SAFE(name):
+    if plainly_valid(name):
         return name
     return _validate_str(name)
+
+
+def plainly_valid(name: str) -> bool:
+    """Whether *name* (a plain ``str``) is valid by :func:`validate_name`'s common case: a
+    short ASCII name that breaks no rule. ``False`` says nothing: :func:`validate_name` it."""
+    return len(name) <= MAX_COMPONENT_BYTES and name.isascii() and _PLAINLY_SAFE(name) is not None
 
 
 _SEGMENT = r"[^./\\\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]*"

@@ -24,7 +24,12 @@ import anyio.to_thread
 
 from trajtrack._exceptions import InvalidNameError, StorageError, StorageNotFoundError
 from trajtrack.backends import FileInfo, Storage, check_relative
-from trajtrack.layouts.names import is_internal_path, parse_temp_path, validate_name
+from trajtrack.layouts.names import (
+    is_internal_path,
+    parse_temp_path,
+    plainly_valid,
+    validate_name,
+)
 from trajtrack.layouts.records import RECORDS_PREFIX, RecordFields, decode_segment_fields
 from trajtrack.layouts.shards import is_shard_path, scan_members
 from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order
@@ -121,9 +126,10 @@ def _recorded(
     dumps: list[DumpInfo] = []
     append = dumps.append
     get_file, get_shard = listed.get, shards.get
+    new = tuple.__new__  # DumpInfo(...) from a tuple of its fields: half the cost
     for record in latest.values():
         name, path, size, checksum, host, pid, rank, writer, time, shard_path, offset = record
-        problem = _path_problem(path)
+        problem = None if plainly_valid(path) else _path_problem(path)
         if shard_path is None:
             file = get_file(path)
             stored = None if file is None else file.size
@@ -136,24 +142,8 @@ def _recorded(
             stored = None if file is None else max(0, min(size, file.size - (offset or 0)))
         if problem is None and file is not None and file.outside:
             problem = _OUTSIDE
-        append(
-            DumpInfo(
-                name,
-                path,
-                size,
-                checksum,
-                writer,
-                host,
-                pid,
-                rank,
-                time,
-                True,  # recorded
-                stored,
-                shard_path,
-                offset,
-                problem,
-            )
-        )
+        fields = (name, path, size, checksum, writer, host, pid, rank, time, True, stored)
+        append(new(DumpInfo, (*fields, shard_path, offset, problem)))  # True: recorded
     return dumps
 
 
@@ -184,6 +174,7 @@ async def _read_segment(storage: Storage, path: str) -> bytes:
 _PATH: Final = 1
 _TIME: Final = 8
 _SHARD: Final = 9
+_BY_PATH: Final = operator.itemgetter(_PATH)
 
 
 def _latest(segments: Iterable[bytes]) -> tuple[dict[str, RecordFields], int]:
@@ -193,6 +184,11 @@ def _latest(segments: Iterable[bytes]) -> tuple[dict[str, RecordFields], int]:
     for data in segments:
         records, skipped = decode_segment_fields(data)
         bad += skipped
+        if not latest:  # the first segment: in C, unless it names a path twice
+            latest = dict(zip(map(_BY_PATH, records), records, strict=True))
+            if len(latest) == len(records):
+                continue
+            latest = {}
         for record in records:
             path = record[_PATH]
             known = latest.get(path)
