@@ -10,7 +10,7 @@ import io
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 import anyio
 
@@ -75,9 +75,9 @@ class BytesPayload:
         return WriteResult(self.data.nbytes, checksum_of(self.data))
 
 
-@dataclass(frozen=True, slots=True)
-class FileInfo:
-    """A file in a storage, relative to the storage's root.
+class FileInfo(NamedTuple):
+    """A file in a storage, relative to the storage's root (an immutable named tuple: a
+    listing makes one per file, for a fifth of a frozen dataclass's cost).
 
     Attributes:
         path: Relative, ``/``-separated.

@@ -364,8 +364,6 @@ def _list_directory(
         except FileNotFoundError:
             continue  # a temporary file renamed away while we listed
         outside = stat.S_ISLNK(st.st_mode) and not inside(entry.path)
-        # Positional: a keyword argument makes the dataclass's __init__ twice as slow (1.9 vs
-        # 0.8 us here), and a listing builds one per file.
         found.append(FileInfo(rel_dir + entry.name, st.st_size, st.st_mtime, outside))
 
 
