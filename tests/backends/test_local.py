@@ -274,6 +274,27 @@ async def test_the_listing_is_what_os_walk_finds_without_following_links(tmp_pat
     assert [f.path for f in prefixed] == ["a/b/deep.pth"]
 
 
+async def test_files_of_known_size_are_listed_with_it_and_links_still_looked_at(
+    tmp_path: Path,
+) -> None:
+    root, outside = tmp_path / "run", tmp_path / "outside"
+    (root / "a").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.pth").write_bytes(b"s")
+    (root / "a" / "known.pth").write_bytes(b"12345")
+    (root / "other.pth").write_bytes(b"123")
+    os.symlink(outside / "secret.pth", root / "a" / "link_out.pth")
+    known = {"a/known.pth": 99, "a/link_out.pth": 1, "absent.pth": 7}
+    listed = {f.path: f for f in await LocalStorage(str(root)).list(known_sizes=known)}
+    assert set(listed) == {"a/known.pth", "a/link_out.pth", "other.pth"}
+    # The recorded size, unchecked (no lstat: its real size is 5), and no time.
+    assert (listed["a/known.pth"].size, listed["a/known.pth"].mtime) == (99, None)
+    # A link is looked at whatever the caller knows: it leads out.
+    assert listed["a/link_out.pth"].outside and listed["a/link_out.pth"].mtime is not None
+    assert (listed["other.pth"].size, listed["other.pth"].outside) == (3, False)
+    assert listed["other.pth"].mtime is not None
+
+
 class _CountingFile(io.FileIO):
     """A raw file that counts the writes it is given."""
 

@@ -205,6 +205,33 @@ async def test_listing_parses_and_merges_off_the_event_loop(
     assert threads["merge"] and loop not in threads["merge"]
 
 
+async def test_a_local_listing_takes_recorded_sizes_from_the_record_it_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A local run's segments are read before it is listed, so that recorded files need no
+    # lstat. A segment read first that the listing then does not find (gone, or behind a
+    # link it never enters) vouches for nothing: the run is listed again, sizes looked at.
+    from trajtrack.reader import _listing
+
+    async with trajtrack.Tracker(tmp_path) as tracker:
+        await (await tracker.dump({"x": torch.zeros(3)}, "real"))
+    real_size = (tmp_path / "real.pth").stat().st_size
+    ghost = DumpRecord("real", "real.pth", 12345, "crc32:0", "h", 1, 0, "ghost", 9e9)
+    early = _listing._early_segments
+
+    async def with_a_ghost(*args: object) -> dict[str, bytes]:
+        found = await early(*args)  # type: ignore[arg-type]
+        return {**found, f"{RECORDS_PREFIX}/ghost-000000.jsonl": encode_segment([ghost])}
+
+    async with open_run(tmp_path) as run:
+        (dump,) = await run.list()
+    assert (dump.stored_size, dump.writer != "ghost") == (real_size, True)
+    monkeypatch.setattr(_listing, "_early_segments", with_a_ghost)
+    async with open_run(tmp_path) as run:
+        (dump,) = await run.list()
+    assert (dump.stored_size, dump.size, dump.writer != "ghost") == (real_size, real_size, True)
+
+
 async def test_records_behind_a_link_leading_out_are_not_read(tmp_path: Path) -> None:
     from trajtrack.layouts.records import RECORDS_PREFIX
 

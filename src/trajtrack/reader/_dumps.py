@@ -31,7 +31,9 @@ class DumpInfo(NamedTuple):
         time: Commit time (seconds since the epoch); the file's mtime when unrecorded.
         recorded: Whether a record segment describes this dump.
         stored_size: Bytes the storage holds for it: the file's listed size, or for a shard
-            member what its shard holds of it; ``None`` when the file or shard is missing.
+            member what its shard holds of it; ``None`` when the file or shard is missing. A
+            recorded file of a local run is listed with its recorded size, unchecked (no
+            ``lstat`` per file: reading it tells, as ``verify`` and ``diff`` do).
         shard: The shard holding the dump (``.trajtrack/shards/...tar``), or ``None`` for a
             file of its own.
         offset: Where the dump's bytes begin in its shard.

@@ -22,8 +22,14 @@ from typing import Final
 
 import anyio.to_thread
 
-from trajtrack._exceptions import InvalidNameError, StorageError, StorageNotFoundError
+from trajtrack._exceptions import (
+    InvalidNameError,
+    StorageError,
+    StorageNotFoundError,
+    StoragePermissionError,
+)
 from trajtrack.backends import FileInfo, Storage, check_relative
+from trajtrack.backends.local import LocalStorage
 from trajtrack.layouts.names import (
     is_internal_path,
     parse_temp_path,
@@ -53,15 +59,7 @@ async def scan_run(storage: Storage, *, suffix: str, concurrency: int) -> RunLis
         StorageNotFoundError: The destination does not exist.
         StorageError: The storage failed.
     """
-    files = await storage.list("")
-    if not files:
-        await _check_exists(storage)
-    listed, internal = _split(files)
-    segments = [f.path for f in internal if _is_segment(f.path)]
-    read = await gather_bounded(
-        segments, lambda path: _read_segment(storage, path), limit=concurrency
-    )
-    latest, bad = await anyio.to_thread.run_sync(_latest, read)
+    listed, internal, segments, (latest, bad) = await _listed_and_recorded(storage, concurrency)
     if bad:
         logger.warning("%s: skipped %d unreadable record lines", storage.url, bad)
     shards = {
@@ -74,6 +72,53 @@ async def scan_run(storage: Storage, *, suffix: str, concurrency: int) -> RunLis
     )
     dumps = await anyio.to_thread.run_sync(_merge, latest, listed, shards, found, suffix)
     return RunListing(tuple(dumps), len(segments), bad, len(shards), len(unindexed))
+
+
+_Recorded = tuple[dict[str, RecordFields], int]  # the newest record by path, bad lines
+
+
+async def _listed_and_recorded(
+    storage: Storage, concurrency: int
+) -> tuple[dict[str, FileInfo], list[FileInfo], list[str], _Recorded]:
+    """The run's files that may be dumps (by path), trajtrack's own files, the record
+    segments among them, and what those record.
+
+    A local run's segments are read first, so that its listing can skip what they record: a
+    recorded file is listed with its recorded size, without an ``lstat`` (1.7 us a file
+    here). Only the segments the listing then finds count (not those behind a link, which it
+    never enters); if one read first is not among them, the run is listed again in full."""
+    local = storage if isinstance(storage, LocalStorage) else None
+    early = None if local is None else await _early_segments(local, concurrency)
+    if local is None or early is None:
+        files = await storage.list("")
+    else:
+        early_recorded = await anyio.to_thread.run_sync(_latest, early.values())
+        known = {path: r[_SIZE] for path, r in early_recorded[0].items() if r[_SHARD] is None}
+        files = await local.list("", known_sizes=known)
+    if not files:
+        await _check_exists(storage)
+    listed, internal = _split(files)
+    segments = [f.path for f in internal if _is_segment(f.path)]
+    if early is not None and early.keys() == set(segments):
+        return listed, internal, segments, early_recorded
+    if early is not None and not early.keys() <= set(segments):
+        listed, internal = _split(await storage.list(""))  # sizes that no record vouches for
+        segments = [f.path for f in internal if _is_segment(f.path)]
+    read = await gather_bounded(
+        segments, lambda path: _read_segment(storage, path), limit=concurrency
+    )
+    return listed, internal, segments, await anyio.to_thread.run_sync(_latest, read)
+
+
+async def _early_segments(storage: LocalStorage, concurrency: int) -> dict[str, bytes]:
+    """A local run's record segments by path, read before the run is listed."""
+    try:
+        found = await storage.list(RECORDS_PREFIX)
+    except StoragePermissionError:  # the records folder is a link leading out: not the run's
+        return {}
+    paths = [f.path for f in found if _is_segment(f.path)]
+    data = await gather_bounded(paths, lambda path: _read_segment(storage, path), limit=concurrency)
+    return dict(zip(paths, data, strict=True))
 
 
 def _split(files: list[FileInfo]) -> tuple[dict[str, FileInfo], list[FileInfo]]:
@@ -170,8 +215,9 @@ async def _read_segment(storage: Storage, path: str) -> bytes:
         return b""
 
 
-# Where a record's path, time and shard are in its RecordFields.
+# Where a record's path, size, time and shard are in its RecordFields.
 _PATH: Final = 1
+_SIZE: Final = 2
 _TIME: Final = 8
 _SHARD: Final = 9
 _BY_PATH: Final = operator.itemgetter(_PATH)
