@@ -182,13 +182,20 @@ def _recorded(
             if problem is None:
                 if shard_path not in shard_problems:
                     shard_problems[shard_path] = _shard_problem(shard_path)
-                problem = shard_problems[shard_path] or _place_problem(offset, size)
+                problem = shard_problems[shard_path]
+                if problem is None and (offset is None or offset < 0 or size < 0):
+                    problem = _place_problem(offset, size)
             file = get_shard(shard_path)
-            stored = None if file is None else max(0, min(size, file.size - (offset or 0)))
+            if file is None:
+                stored = None
+            else:  # what the shard holds of the member's bytes
+                held = file.size - (offset or 0)
+                stored = size if held >= size else max(0, held)
         if problem is None and file is not None and file.outside:
             problem = _OUTSIDE
-        fields = (name, path, size, checksum, writer, host, pid, rank, time, True, stored)
-        append(new(DumpInfo, (*fields, shard_path, offset, problem)))  # True: recorded
+        recorded = True
+        fields = (name, path, size, checksum, writer, host, pid, rank, time, recorded, stored)
+        append(new(DumpInfo, (*fields, shard_path, offset, problem)))
     return dumps
 
 
@@ -261,10 +268,8 @@ def _shard_problem(shard: str) -> str | None:
     return None
 
 
-def _place_problem(offset: int | None, size: int) -> str | None:
-    if offset is None or offset < 0 or size < 0:
-        return f"its place in the shard ({offset}, {size} bytes) is invalid"
-    return None
+def _place_problem(offset: int | None, size: int) -> str:
+    return f"its place in the shard ({offset}, {size} bytes) is invalid"
 
 
 def _unrecorded(info: FileInfo, suffix: str) -> DumpInfo:
