@@ -215,3 +215,42 @@ async def test_comparisons_come_in_dump_order_then_name_order() -> None:
     result = await diff_runs(*runs)
     assert [c.name for c in result.comparisons] == ["a", "b", "c", "late"]
     assert result.equal
+
+
+class _Unsafe:
+    """A class no allow-list has (module level: picklable)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+async def test_batches_of_shard_members_keep_their_own_outcomes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Read and byte-compared by two threads, the pairs that need loading then loaded in one:
+    # each pair's own outcome, in dump order, whichever thread decided it.
+    from trajtrack.reader import _batch_reads
+
+    monkeypatch.setattr(_batch_reads, "_BATCH", 4)  # 10 pairs: batches of 4, 4 and 2
+    hops: list[int] = []
+    real = diff_module._Comparer._read_and_compare_unloaded
+
+    def counted(self: Any, batch: list[Any]) -> Any:
+        hops.append(len(batch))
+        return real(self, batch)
+
+    monkeypatch.setattr(diff_module._Comparer, "_read_and_compare_unloaded", counted)
+    for run in ("a", "b"):
+        async with Tracker(tmp_path / run, layout="shards") as tracker:
+            for i in range(10):
+                value = 0.0 if (run, i) == ("b", 3) else float(i)  # d3 differs
+                obj: Any = _Unsafe(i) if i == 7 else {"x": torch.full((3,), value)}
+                await tracker.dump(obj, f"d{i}")
+    async with open_run(tmp_path / "a") as run_a, open_run(tmp_path / "b") as run_b:
+        result = await diff_runs(run_a, run_b)
+    assert [c.name for c in result.comparisons] == [f"d{i}" for i in range(10)]
+    status = {c.name: c.status for c in result.comparisons}
+    assert status.pop("d3") == "different" and status.pop("d7") == "error"  # refused, unloaded
+    assert set(status.values()) == {"equal"}
+    assert "_Unsafe" in (result.comparisons[7].error or "")
+    assert sorted(hops) == [2, 4, 4]

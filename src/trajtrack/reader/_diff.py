@@ -40,7 +40,13 @@ from trajtrack.reader._diff_result import (
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._files import LocalFile, local_file
 from trajtrack.reader._gather import both, gather_bounded
-from trajtrack.reader._pair_checks import compare_files, compare_read, load_and_compare
+from trajtrack.reader._pair_checks import (
+    compare_files,
+    compare_loaded,
+    compare_read,
+    compare_unloaded,
+    load_and_compare,
+)
 from trajtrack.reader._readahead import AVAILABLE as readahead_available, ReadAhead
 from trajtrack.reader._run import Run
 
@@ -169,6 +175,11 @@ class _Comparer:
         # GIL many times; two such threads queue for it (measured: 3,072 pairs, 7.4 s with
         # two threads, 6.2 s with one).
         self.small_cpu = anyio.CapacityLimiter(1)
+        # Batches of shard members: read and byte-compared by two threads (see
+        # _compare_members; files are read by the comparing thread: three system calls a file,
+        # two threads would queue for the GIL at each).
+        self.members_io = anyio.CapacityLimiter(2)
+        self._options = (tol, unsafe, limit)
         # Two local runs: small batches are read by the thread that compares them.
         reader_a, reader_b = run_a.blocking_reader(), run_b.blocking_reader()
         self.readers = None if reader_a is None or reader_b is None else (reader_a, reader_b)
@@ -208,6 +219,8 @@ class _Comparer:
         """Compare the pairs of one batch (see :meth:`batches`)."""
         if len(batch) == 1:
             results = [await self.compare(batch[0])]
+        elif self.readers is not None and _members(batch):
+            results = await self._compare_members(batch)
         elif self.readers is not None:  # both local: read, load and compare in one hop
             results = await anyio.to_thread.run_sync(
                 self._read_and_compare, batch, limiter=self.small_cpu
@@ -224,6 +237,36 @@ class _Comparer:
         if self.progress is not None:
             self.progress(self.done)
         return results
+
+    async def _compare_members(self, batch: list[Pair]) -> list[DumpComparison]:
+        """A batch of local shard members: read, and the pairs that need no loading compared,
+        by either of two threads (a few ``pread`` calls a batch, which release the GIL, and
+        byte comparisons: two such threads overlap the reads with the checks); the pairs that
+        need loading, then, in the one loading thread."""
+        found, data_a, data_b = await anyio.to_thread.run_sync(
+            self._read_and_compare_unloaded, batch, limiter=self.members_io
+        )
+        rest = [i for i, done in enumerate(found) if done is None]
+        if rest:
+            loaded = await anyio.to_thread.run_sync(
+                lambda: [
+                    compare_loaded(batch[i], data_a[i], data_b[i], *self._options) for i in rest
+                ],
+                limiter=self.small_cpu,
+            )
+            for i, comparison in zip(rest, loaded, strict=True):
+                found[i] = comparison
+        return found  # type: ignore[return-value]  # every None filled in above
+
+    def _read_and_compare_unloaded(
+        self, batch: list[Pair]
+    ) -> tuple[list[DumpComparison | None], list[bytes | Exception], list[bytes | Exception]]:
+        assert self.readers is not None  # the caller checked
+        read_a, read_b = self.readers
+        data_a = read_a([a for _, a, _, _ in batch])  # type: ignore[misc]  # small: both there
+        data_b = read_b([b for _, _, b, _ in batch])  # type: ignore[misc]
+        found = compare_unloaded(batch, data_a, data_b, self.tol, self.unsafe)
+        return found, data_a, data_b
 
     def _read_and_compare(self, batch: list[Pair]) -> list[DumpComparison]:
         assert self.readers is not None  # the caller checked
@@ -262,6 +305,12 @@ class _Comparer:
         except (TrajtrackError, OSError) as exc:
             return failed(pair, exc)
         return compared(pair, found)
+
+
+def _members(batch: list[Pair]) -> bool:
+    """Whether the pairs of *batch* are all shard members in both runs (a batch in dump order
+    is mostly of one kind; a mixed one is read as files are)."""
+    return all(a.shard is not None and b.shard is not None for _, a, b, _ in batch)  # type: ignore[union-attr]
 
 
 def _small_pair(a: DumpInfo, b: DumpInfo) -> bool:

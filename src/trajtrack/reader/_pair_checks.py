@@ -22,7 +22,13 @@ from trajtrack.reader._fast_load import only_default_globals
 from trajtrack.reader._files import LocalFile, inside_run, same_contents
 from trajtrack.reader._safe_load import check_loadable, load_dump_bytes, load_dump_file
 
-__all__ = ["compare_files", "compare_read", "load_and_compare"]
+__all__ = [
+    "compare_files",
+    "compare_loaded",
+    "compare_read",
+    "compare_unloaded",
+    "load_and_compare",
+]
 
 
 def compare_read(
@@ -35,7 +41,24 @@ def compare_read(
 ) -> list[DumpComparison]:
     """The comparison of each pair of *batch*, from its dumps' bytes (or the error reading
     them raised) in *data_a* and *data_b* (blocking)."""
-    results: list[DumpComparison] = []
+    found = compare_unloaded(batch, data_a, data_b, tol, unsafe)
+    return [
+        done if done is not None else compare_loaded(pair, x, y, tol, unsafe, limit)
+        for pair, x, y, done in zip(batch, data_a, data_b, found, strict=True)
+    ]
+
+
+def compare_unloaded(
+    batch: Sequence[Pair],
+    data_a: Sequence[bytes | Exception],
+    data_b: Sequence[bytes | Exception],
+    tol: Tolerance,
+    unsafe: bool,
+) -> list[DumpComparison | None]:
+    """The comparison of each pair of *batch* that needs no loading (byte-identical, or not
+    read), ``None`` for the others: :func:`compare_loaded` them. Nothing here runs torch's
+    tensor code (blocking)."""
+    results: list[DumpComparison | None] = []
     append = results.append
     identical_equal = tol.equal_nan
     for pair, x, y in zip(batch, data_a, data_b, strict=True):
@@ -44,18 +67,28 @@ def compare_read(
                 raise x
             if isinstance(y, Exception):
                 raise y
-            if identical_equal and x == y:  # written out: most pairs of a rerun are this one
-                if not (unsafe or only_default_globals(x)):
-                    check_loadable(x, where=f"A:{pair[0]}")
-                name, a, b, order = pair
-                append(DumpComparison(name, "equal", a, b, (), None, order))
+            if not (identical_equal and x == y):
+                append(None)
                 continue
-            found = load_and_compare(x, y, pair[0], tol, unsafe, limit)
+            # Written out: most pairs of a rerun are this one.
+            if not (unsafe or only_default_globals(x)):
+                check_loadable(x, where=f"A:{pair[0]}")
         except (TrajtrackError, OSError) as exc:
             append(failed(pair, exc))
-        else:
-            append(compared(pair, found))
+            continue
+        name, a, b, order = pair
+        append(DumpComparison(name, "equal", a, b, (), None, order))
     return results
+
+
+def compare_loaded(
+    pair: Pair, x: bytes | Exception, y: bytes | Exception, tol: Tolerance, unsafe: bool, limit: int
+) -> DumpComparison:
+    """The comparison of a pair :func:`compare_unloaded` left: both loaded and compared."""
+    try:
+        return compared(pair, load_and_compare(x, y, pair[0], tol, unsafe, limit))  # type: ignore[arg-type]
+    except (TrajtrackError, OSError) as exc:
+        return failed(pair, exc)
 
 
 def load_and_compare(
