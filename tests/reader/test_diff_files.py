@@ -155,12 +155,16 @@ async def test_small_pairs_are_read_in_dump_order(
         read = real(self)
         assert read is not None
 
-        def reading(infos: Any) -> Any:
-            if self.url.endswith("a"):
-                requested.extend(info.name for info in infos)
-            return read(infos)
+        class Reading:
+            def __call__(self_, infos: Any) -> Any:  # self is the run's
+                if self.url.endswith("a"):
+                    requested.extend(info.name for info in infos)
+                return read(infos)
 
-        return reading
+            def close(self_) -> None:
+                read.close()
+
+        return Reading()
 
     monkeypatch.setattr(Run, "blocking_reader", recording)
     run_a = open_run(tmp_path / "a")

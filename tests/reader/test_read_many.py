@@ -332,3 +332,74 @@ async def test_diff_reads_both_runs_of_a_batch_at_the_same_time() -> None:
     first_b = events.index(("start", "memory://both/b"))
     last_a = max(i for i, event in enumerate(events) if event == ("end", "memory://both/a"))
     assert first_b < last_a  # B's reads began while A's were still in flight
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+async def test_a_local_reader_keeps_shards_open_across_batches_until_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trajtrack.reader import _local_reads
+
+    monkeypatch.setattr(_local_reads._ShardFiles, "LIMIT", 2)
+    async with Tracker(tmp_path, layout="shards", shard_max_bytes=30_000) as tracker:
+        for i in range(24):  # several shards of a few members each
+            await tracker.dump({"x": torch.full((500,), i)}, f"d{i:02d}")
+    checked: list[str] = []
+    real_check = _local_reads.resolve_inside
+
+    def counting(root: str, real: str, relative: str) -> str:
+        checked.append(relative)
+        return real_check(root, real, relative)
+
+    monkeypatch.setattr(_local_reads, "resolve_inside", counting)
+    async with open_run(tmp_path) as run:
+        infos = await run.list()
+        shards = sorted({info.shard for info in infos if info.shard})
+        assert len(shards) >= 4
+        reader = run.blocking_reader()
+        assert reader is not None
+        before = _open_fds()
+        expected = [await run.read_bytes(info) for info in infos]
+        checked.clear()
+        for _ in range(3):  # three passes, a batch of two members each
+            for start in range(0, len(infos), 2):
+                got = await anyio.to_thread.run_sync(reader, infos[start : start + 2])
+                assert got == expected[start : start + 2]
+        # The first two shards are checked and opened once, kept; the others once a batch.
+        assert sorted(set(checked)) == shards
+        assert [checked.count(shard) > 1 for shard in shards] == [False, False] + [True] * (
+            len(shards) - 2
+        )
+        assert _open_fds() == before + 2
+        reader.close()
+        assert _open_fds() == before
+
+
+async def test_diff_and_verify_close_the_shards_they_kept_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trajtrack.cli.verify import verify_run
+    from trajtrack.reader import diff_runs
+    from trajtrack.reader._local_reads import LocalReader
+
+    for run in ("a", "b"):
+        async with Tracker(tmp_path / run, layout="shards", shard_max_bytes=30_000) as tracker:
+            for i in range(24):
+                await tracker.dump({"x": torch.full((500,), i)}, f"d{i:02d}")
+    closed: list[LocalReader] = []
+    real_close = LocalReader.close
+
+    def recording(self: LocalReader) -> None:
+        closed.append(self)
+        real_close(self)
+
+    monkeypatch.setattr(LocalReader, "close", recording)
+    async with open_run(tmp_path / "a") as run_a, open_run(tmp_path / "b") as run_b:
+        assert (await diff_runs(run_a, run_b)).equal
+        assert len(closed) == 2 and closed[0] is not closed[1]  # both runs' readers
+        assert {f.problem for f in await verify_run(run_a)} == {"ok"}
+        assert len(closed) == 3

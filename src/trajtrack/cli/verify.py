@@ -100,11 +100,11 @@ async def verify_run(
         return found
 
     done = [0]
-    batches = await gather_bounded(
-        dump_batches(to_read),
-        check,
-        limit=source.concurrency,
-    )
+    try:
+        batches = await gather_bounded(dump_batches(to_read), check, limit=source.concurrency)
+    finally:  # every worker thread is done: a cancelled hop waits for its thread
+        if reader is not None:
+            reader.close()
     read = [finding for batch in batches for finding in batch]
     by_path = {f.path: f for f in read}
     findings = []

@@ -89,11 +89,16 @@ async def diff_runs(
         run_a, run_b, tolerance or Tolerance(), unsafe, limit_per_dump, cpu, progress
     )
     comparer.find_local_files(pairs)
-    async with anyio.create_task_group() as group:
-        if comparer.local and readahead_available and comparer.reads_ahead:
-            group.start_soon(comparer.readahead.run)
-        batches = await gather_bounded(comparer.batches(pairs), comparer.compare_batch, limit=limit)
-        group.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as group:
+            if comparer.local and readahead_available and comparer.reads_ahead:
+                group.start_soon(comparer.readahead.run)
+            batches = await gather_bounded(
+                comparer.batches(pairs), comparer.compare_batch, limit=limit
+            )
+            group.cancel_scope.cancel()
+    finally:  # every worker thread is done: a cancelled hop waits for its thread
+        comparer.close()
     results = [comparison for batch in batches for comparison in batch]
     results.sort(key=_NAME)  # then by order, stably: a large pair may go ahead of a batch
     results.sort(key=_ORDER)
@@ -183,6 +188,11 @@ class _Comparer:
         # Two local runs: small batches are read by the thread that compares them.
         reader_a, reader_b = run_a.blocking_reader(), run_b.blocking_reader()
         self.readers = None if reader_a is None or reader_b is None else (reader_a, reader_b)
+
+    def close(self) -> None:
+        """Close what the local readers keep open (once no thread reads any more)."""
+        for reader in self.readers or ():
+            reader.close()
 
     def find_local_files(self, pairs: list[Pair]) -> None:
         """The small pairs, read in batches (:meth:`batches`); the large pairs of files both

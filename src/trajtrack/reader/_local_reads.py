@@ -15,6 +15,8 @@ dumps): no call per member but the slice, the checks of :func:`check_readable` a
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Final
 
@@ -32,11 +34,17 @@ _SHARD_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC
 
 
 def read_local(
-    url: str, root: str, infos: Sequence[DumpInfo], *, real: str | None = None
+    url: str,
+    root: str,
+    infos: Sequence[DumpInfo],
+    *,
+    real: str | None = None,
+    kept: _ShardFiles | None = None,
 ) -> list[bytes | Exception]:
     """The bytes of each dump of *infos* below the local root *root*, or the error that
-    reading it raised (blocking). *real*: ``os.path.realpath(root)``, if known."""
-    reader = _Reader(url, root, real_root(root) if real is None else real)
+    reading it raised (blocking). *real*: ``os.path.realpath(root)``, if known; *kept*: shard
+    descriptors kept open across calls."""
+    reader = _Reader(url, root, real_root(root) if real is None else real, kept)
     out: list[bytes | Exception] = []
     append = out.append
     shard_at, start, end, window = None, 0, 0, b""  # the span read last, [start, end)
@@ -82,14 +90,16 @@ def _span(infos: Sequence[DumpInfo], index: int) -> int:
 
 
 class _Reader:
-    """The open descriptors of one batch: a directory at a time, each shard once."""
+    """The open descriptors of one batch: a directory at a time, each shard once (or kept
+    open across batches by a :class:`_ShardFiles`)."""
 
-    def __init__(self, url: str, root: str, real: str) -> None:
+    def __init__(self, url: str, root: str, real: str, kept: _ShardFiles | None = None) -> None:
         self._url = url
         self._root = root
         self._real = real
         self._files = DirectoryReader(root, real)
-        self._shards: dict[str, int] = {}
+        self._shards: dict[str, int] = {}  # opened for this batch: closed with it
+        self._kept = kept
 
     def file(self, info: DumpInfo) -> bytes:
         """A dump in a file of its own (or refused: :func:`check_readable`)."""
@@ -101,15 +111,19 @@ class _Reader:
             raise StoragePermissionError(f"{info.name}: {exc} (outside the run)") from exc
 
     def shard(self, info: DumpInfo) -> int:
-        """The descriptor of *info*'s shard, opened once."""
+        """The descriptor of *info*'s shard, opened once (checked not to lead out)."""
         shard = info.shard or ""
         fd = self._shards.get(shard)
+        if fd is None and self._kept is not None:
+            fd = self._kept.get(shard)
         if fd is None:
             try:
                 path = resolve_inside(self._root, self._real, check_relative(shard))
             except StoragePermissionError as exc:
                 raise StoragePermissionError(f"{info.name}: {exc} (outside the run)") from exc
-            fd = self._shards[shard] = os.open(path, _SHARD_FLAGS)
+            fd = os.open(path, _SHARD_FLAGS)
+            if self._kept is None or not self._kept.keep(shard, fd):
+                self._shards[shard] = fd
         return fd
 
     def close(self) -> None:
@@ -118,16 +132,60 @@ class _Reader:
             os.close(fd)
 
 
+class _ShardFiles:
+    """Shard descriptors kept open from one batch to the next (up to :attr:`LIMIT`: others
+    are opened a batch at a time), for any thread; closed by :meth:`close`, or when the
+    object is collected. An open descriptor keeps reading the file it was opened on, whatever
+    is planted at its path later."""
+
+    LIMIT: Final = 64
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _close_all, self._fds)
+
+    def get(self, shard: str) -> int | None:
+        return self._fds.get(shard)
+
+    def keep(self, shard: str, fd: int) -> bool:
+        """Keep *fd* open for *shard* (``False``: full, closed, or kept already)."""
+        with self._lock:
+            if self._closed or len(self._fds) >= self.LIMIT or shard in self._fds:
+                return False
+            self._fds[shard] = fd
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._finalizer()
+
+
+def _close_all(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
+    fds.clear()
+
+
 class LocalReader:
-    """:func:`read_local` of one run, called batch after batch: the run's root resolved once
-    (in the first worker thread that reads), not once a batch."""
+    """:func:`read_local` of one run, called batch after batch (blocking; from any number of
+    threads): the run's root resolved once (in the first worker thread that reads), and its
+    shards kept open from one batch to the next until :meth:`close` (the run's 64 first: a
+    batch opens any other itself)."""
 
     def __init__(self, url: str, root: str) -> None:
         self._url = url
         self._root = root
         self._real: str | None = None
+        self._shards = _ShardFiles()
 
     def __call__(self, infos: Sequence[DumpInfo]) -> list[bytes | Exception]:
         if self._real is None:
             self._real = real_root(self._root)  # two threads may both: the same answer
-        return read_local(self._url, self._root, infos, real=self._real)
+        return read_local(self._url, self._root, infos, real=self._real, kept=self._shards)
+
+    def close(self) -> None:
+        """Close the shards kept open (call once no thread reads any more)."""
+        self._shards.close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import builtins
 import functools
 import os
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -180,15 +180,14 @@ class Run:
             return await anyio.to_thread.run_sync(read_local, self._url, root, infos)
         return await read_remote(storage, self._url, infos)
 
-    def blocking_reader(
-        self,
-    ) -> Callable[[Sequence[DumpInfo]], builtins.list[bytes | Exception]] | None:
+    def blocking_reader(self) -> LocalReader | None:
         """On an opened local storage, :meth:`read_many` as a blocking function, else ``None``.
 
         For a caller that does more with the bytes in the same worker thread (``diff`` loads
         and compares them, ``verify`` checksums them): one thread hop per batch instead of
         two or more, and no worker thread reading while another computes (on two cores such
-        threads queue for the GIL at every system call).
+        threads queue for the GIL at every system call). The reader keeps the run's shards
+        open from one call to the next: ``close()`` it once done.
         """
         root = self.storage.local_path("")
         if root is None:
