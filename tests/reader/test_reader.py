@@ -178,14 +178,14 @@ async def test_listing_parses_and_merges_off_the_event_loop(
     # Tens of microseconds a dump: seconds of a big run that must not stall the caller's loop.
     import threading
 
-    from trajtrack.reader import _listing
+    from trajtrack.reader import _record_set
 
     async with trajtrack.Tracker(tmp_path, layout=layout) as tracker:  # type: ignore[arg-type]
         for i in range(5):
             await tracker.dump({"x": torch.zeros(3)}, f"d{i}")
     (tmp_path / "unrecorded.pth").write_bytes(b"a file no record describes")
     threads: dict[str, set[int]] = {"decode": set(), "merge": set()}
-    decode, recorded = _listing.decode_segment_fields, _listing._recorded
+    decode, recorded = _record_set.decode_segment_parts, _record_set.RecordSet.dumps
 
     def watched_decode(data: bytes) -> object:
         threads["decode"].add(threading.get_ident())
@@ -195,8 +195,8 @@ async def test_listing_parses_and_merges_off_the_event_loop(
         threads["merge"].add(threading.get_ident())
         return recorded(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_listing, "decode_segment_fields", watched_decode)
-    monkeypatch.setattr(_listing, "_recorded", watched_merge)
+    monkeypatch.setattr(_record_set, "decode_segment_parts", watched_decode)
+    monkeypatch.setattr(_record_set.RecordSet, "dumps", watched_merge)
     async with open_run(tmp_path) as run:
         dumps = await run.list()
     assert sorted(d.name for d in dumps) == ["d0", "d1", "d2", "d3", "d4", "unrecorded"]

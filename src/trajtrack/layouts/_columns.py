@@ -18,12 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import groupby, repeat
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast
 
 if TYPE_CHECKING:
     from trajtrack.layouts.records import DumpRecord, RecordFields
 
-__all__ = ["COLUMNS_VERSION", "column_fields", "column_lines", "fits_columns"]
+__all__ = [
+    "COLUMNS_VERSION",
+    "Columns",
+    "column_fields",
+    "column_lines",
+    "columns_of",
+    "fits_columns",
+]
 
 COLUMNS_VERSION: Final = 2
 
@@ -66,14 +73,64 @@ def _line(group: list[DumpRecord]) -> dict[str, Any]:
     return line
 
 
+class Columns(NamedTuple):
+    """One version-2 line, checked: a list per field, one entry per dump; what its dumps
+    share once; for shard members, the line's shards, each dump's index into them and its
+    offset (``None`` for files)."""
+
+    names: list[str]
+    paths: list[str]
+    sizes: list[int]
+    checksums: list[str]
+    times: list[float]
+    host: str
+    pid: int
+    rank: int
+    writer: str
+    shards: list[str] | None
+    shard: list[int] | None
+    offsets: list[int] | None
+
+    def fields(self) -> list[RecordFields]:
+        """Each dump as its :data:`RecordFields`."""
+        count = len(self.names)
+        if self.shards is None or self.shard is None or self.offsets is None:
+            shard_paths: Iterable[str | None] = repeat(None, count)
+            offsets: Iterable[int | None] = repeat(None, count)
+        else:
+            shard_paths, offsets = map(self.shards.__getitem__, self.shard), self.offsets
+        return list(
+            zip(
+                self.names,
+                self.paths,
+                self.sizes,
+                self.checksums,
+                repeat(self.host, count),
+                repeat(self.pid, count),
+                repeat(self.rank, count),
+                repeat(self.writer, count),
+                self.times,
+                shard_paths,
+                offsets,
+                strict=True,
+            )
+        )
+
+
 def column_fields(line: dict[str, Any]) -> list[RecordFields] | None:
     """The dumps of a version-2 *line* as :data:`RecordFields`, or ``None`` if the line is
     not exactly what :func:`column_lines` writes (see the module's checks)."""
+    columns = columns_of(line)
+    return None if columns is None else columns.fields()
+
+
+def columns_of(line: dict[str, Any]) -> Columns | None:
+    """The checked :class:`Columns` of a version-2 *line*, or ``None`` if the line is not
+    exactly what :func:`column_lines` writes (see the module's checks)."""
     columns = _lists(line, ("name", "path", "size", "checksum", "time"))
     if columns is None:
         return None
     names, paths, sizes, checksums, times = columns
-    count = len(names)
     host, pid, rank, writer = (line.get(key) for key in ("host", "pid", "rank", "writer"))
     if not (type(host) is str and type(pid) is int and type(rank) is int and type(writer) is str):
         return None
@@ -83,26 +140,10 @@ def column_fields(line: dict[str, Any]) -> list[RecordFields] | None:
         if not all(type(t) is int or type(t) is float for t in times):
             return None
         times = [float(t) for t in times]
-    placed = _places(line, count)
+    placed = _places(line, len(names))
     if placed is None:
         return None
-    shard_paths, offsets = placed
-    return list(
-        zip(
-            names,
-            paths,
-            sizes,
-            checksums,
-            repeat(host, count),
-            repeat(pid, count),
-            repeat(rank, count),
-            repeat(writer, count),
-            times,
-            shard_paths,
-            offsets,
-            strict=True,
-        )
-    )
+    return Columns(names, paths, sizes, checksums, times, host, pid, rank, writer, *placed)
 
 
 def _lists(line: dict[str, Any], keys: tuple[str, ...]) -> list[list[Any]] | None:
@@ -114,10 +155,13 @@ def _lists(line: dict[str, Any], keys: tuple[str, ...]) -> list[list[Any]] | Non
     return cast("list[list[Any]]", columns)  # each one checked to be a list above
 
 
-def _places(line: dict[str, Any], count: int) -> tuple[Iterable[Any], Iterable[Any]] | None:
-    """Each dump's shard path and offset (``None`` for files), or ``None``: not valid."""
+def _places(
+    line: dict[str, Any], count: int
+) -> tuple[list[str] | None, list[int] | None, list[int] | None] | None:
+    """The line's shards, each dump's index into them and its offset (``None`` for files),
+    or ``None``: not valid."""
     if "shards" not in line and "shard" not in line and "offset" not in line:
-        return repeat(None, count), repeat(None, count)
+        return None, None, None
     shards, index, offsets = line.get("shards"), line.get("shard"), line.get("offset")
     if not (type(shards) is list and _all(shards, str)):
         return None
@@ -127,7 +171,7 @@ def _places(line: dict[str, Any], count: int) -> tuple[Iterable[Any], Iterable[A
         return None
     if index and (min(index) < 0 or max(index) >= len(shards)):
         return None
-    return [shards[i] for i in index], offsets
+    return shards, index, offsets
 
 
 def _all(values: list[Any], kind: type) -> bool:

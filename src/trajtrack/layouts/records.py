@@ -31,15 +31,23 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
-from trajtrack.layouts._columns import COLUMNS_VERSION, column_fields, column_lines, fits_columns
+from trajtrack.layouts._columns import (
+    COLUMNS_VERSION,
+    Columns,
+    column_lines,
+    columns_of,
+    fits_columns,
+)
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity
 
 __all__ = [
     "RECORDS_PREFIX",
     "DumpRecord",
     "RecordFields",
+    "SegmentPart",
     "decode_segment",
     "decode_segment_fields",
+    "decode_segment_parts",
     "encode_segment",
     "new_writer_id",
     "record_fields",
@@ -164,6 +172,23 @@ def decode_segment(data: bytes) -> tuple[list[DumpRecord], int]:
 
 def decode_segment_fields(data: bytes) -> tuple[list[RecordFields], int]:
     """:func:`decode_segment`, each record as its :data:`RecordFields`."""
+    parts, bad = decode_segment_parts(data)
+    records: list[RecordFields] = []
+    for part in parts:
+        if isinstance(part, Columns):
+            records += part.fields()
+        else:
+            records.append(part)
+    return records, bad
+
+
+SegmentPart = Columns | RecordFields
+"""What one good line of a segment holds: a version-2 line's :class:`Columns`, or a
+version-1 line's :data:`RecordFields` (tell them apart by ``isinstance(part, Columns)``)."""
+
+
+def decode_segment_parts(data: bytes) -> tuple[list[SegmentPart], int]:
+    """A segment's good lines, in order, and the number of unreadable lines skipped."""
     lines = [line for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
     parsed = _parse_whole(lines)
     if parsed is None:  # some line is not one JSON object: parse line by line
@@ -173,21 +198,21 @@ def decode_segment_fields(data: bytes) -> tuple[list[RecordFields], int]:
                 parsed.append(json.loads(line))
             except ValueError:
                 parsed.append(None)
-    records: list[RecordFields] = []
+    parts: list[SegmentPart] = []
     bad = 0
     for item in parsed:
         if type(item) is dict and item.get("v") == COLUMNS_VERSION:
-            found = column_fields(item)
-            if found is None:
+            columns = columns_of(item)
+            if columns is None:
                 bad += 1
             else:
-                records += found
+                parts.append(columns)
             continue
         try:
-            records.append(record_fields(item))
+            parts.append(record_fields(item))
         except (ValueError, KeyError, TypeError, AttributeError):  # AttributeError: not a dict
             bad += 1
-    return records, bad
+    return parts, bad
 
 
 def _parse_whole(lines: list[str]) -> list[Any] | None:

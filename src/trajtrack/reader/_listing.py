@@ -17,35 +17,23 @@ from __future__ import annotations
 import logging
 import operator
 import os.path
-from collections.abc import Iterable
 from typing import Final
 
 import anyio.to_thread
 
-from trajtrack._exceptions import (
-    InvalidNameError,
-    StorageError,
-    StorageNotFoundError,
-    StoragePermissionError,
-)
-from trajtrack.backends import FileInfo, Storage, check_relative
+from trajtrack._exceptions import StorageNotFoundError, StoragePermissionError
+from trajtrack.backends import FileInfo, Storage
 from trajtrack.backends.local import LocalStorage
-from trajtrack.layouts.names import (
-    is_internal_path,
-    parse_temp_path,
-    plainly_valid,
-    validate_name,
-)
-from trajtrack.layouts.records import RECORDS_PREFIX, RecordFields, decode_segment_fields
+from trajtrack.layouts.names import is_internal_path, parse_temp_path
+from trajtrack.layouts.records import RECORDS_PREFIX
 from trajtrack.layouts.shards import is_shard_path, scan_members
 from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order
 from trajtrack.reader._gather import gather_bounded
+from trajtrack.reader._record_set import OUTSIDE, RecordSet, path_problem
 
 __all__ = ["scan_run"]
 
 logger = logging.getLogger(__name__)
-
-_OUTSIDE = "a symbolic link leading out of the run"
 
 
 async def scan_run(storage: Storage, *, suffix: str, concurrency: int) -> RunListing:
@@ -59,27 +47,24 @@ async def scan_run(storage: Storage, *, suffix: str, concurrency: int) -> RunLis
         StorageNotFoundError: The destination does not exist.
         StorageError: The storage failed.
     """
-    listed, internal, segments, (latest, bad) = await _listed_and_recorded(storage, concurrency)
-    if bad:
-        logger.warning("%s: skipped %d unreadable record lines", storage.url, bad)
+    listed, internal, segments, record = await _listed_and_recorded(storage, concurrency)
+    if record.bad:
+        logger.warning("%s: skipped %d unreadable record lines", storage.url, record.bad)
     shards = {
         f.path: f for f in internal if is_shard_path(f.path) and parse_temp_path(f.path) is None
     }
-    recorded_shards = {r[_SHARD] for r in latest.values() if r[_SHARD] is not None}
+    recorded_shards = await anyio.to_thread.run_sync(record.shards)
     unindexed = [info for path, info in shards.items() if path not in recorded_shards]
     found = await gather_bounded(
         unindexed, lambda shard: _index_shard(storage, shard, suffix), limit=concurrency
     )
-    dumps = await anyio.to_thread.run_sync(_merge, latest, listed, shards, found, suffix)
-    return RunListing(tuple(dumps), len(segments), bad, len(shards), len(unindexed))
-
-
-_Recorded = tuple[dict[str, RecordFields], int]  # the newest record by path, bad lines
+    dumps = await anyio.to_thread.run_sync(_merge, record, listed, shards, found, suffix)
+    return RunListing(tuple(dumps), len(segments), record.bad, len(shards), len(unindexed))
 
 
 async def _listed_and_recorded(
     storage: Storage, concurrency: int
-) -> tuple[dict[str, FileInfo], list[FileInfo], list[str], _Recorded]:
+) -> tuple[dict[str, FileInfo], list[FileInfo], list[str], RecordSet]:
     """The run's files that may be dumps (by path), trajtrack's own files, the record
     segments among them, and what those record.
 
@@ -92,22 +77,22 @@ async def _listed_and_recorded(
     if local is None or early is None:
         files = await storage.list("")
     else:
-        early_recorded = await anyio.to_thread.run_sync(_latest, early.values())
-        known = {path: r[_SIZE] for path, r in early_recorded[0].items() if r[_SHARD] is None}
+        early_record = await anyio.to_thread.run_sync(RecordSet.decode, early.values())
+        known = await anyio.to_thread.run_sync(early_record.file_sizes)
         files = await local.list("", known_sizes=known)
     if not files:
         await _check_exists(storage)
     listed, internal = _split(files)
     segments = [f.path for f in internal if _is_segment(f.path)]
     if early is not None and early.keys() == set(segments):
-        return listed, internal, segments, early_recorded
+        return listed, internal, segments, early_record
     if early is not None and not early.keys() <= set(segments):
         listed, internal = _split(await storage.list(""))  # sizes that no record vouches for
         segments = [f.path for f in internal if _is_segment(f.path)]
     read = await gather_bounded(
         segments, lambda path: _read_segment(storage, path), limit=concurrency
     )
-    return listed, internal, segments, await anyio.to_thread.run_sync(_latest, read)
+    return listed, internal, segments, await anyio.to_thread.run_sync(RecordSet.decode, read)
 
 
 async def _early_segments(storage: LocalStorage, concurrency: int) -> dict[str, bytes]:
@@ -136,7 +121,7 @@ def _split(files: list[FileInfo]) -> tuple[dict[str, FileInfo], list[FileInfo]]:
 
 
 def _merge(
-    latest: dict[str, RecordFields],
+    record: RecordSet,
     listed: dict[str, FileInfo],
     shards: dict[str, FileInfo],
     found: list[list[DumpInfo]],
@@ -144,9 +129,12 @@ def _merge(
 ) -> list[DumpInfo]:
     """The recorded dumps, the files (*listed*: not trajtrack's own) and shard members no
     record describes, in dump order."""
-    dumps = _recorded(latest, listed, shards)
-    unrecorded = [_unrecorded(info, suffix) for path, info in listed.items() if path not in latest]
-    unrecorded += [d for members in found for d in members if d.path not in latest]
+    dumps = record.dumps(listed, shards)
+    recorded = record.paths
+    unrecorded = [
+        _unrecorded(info, suffix) for path, info in listed.items() if path not in recorded
+    ]
+    unrecorded += [d for members in found for d in members if d.path not in recorded]
     dumps.extend(_newest_by_path(unrecorded))
     if all(dump.time is not None for dump in dumps):
         # Two stable sorts by C key functions: time, then name among equal times (a tuple key
@@ -160,43 +148,6 @@ def _merge(
 
 _BY_NAME: Final = operator.itemgetter(0)  # DumpInfo.name
 _BY_TIME: Final = operator.itemgetter(8)  # DumpInfo.time
-
-
-def _recorded(
-    latest: dict[str, RecordFields], listed: dict[str, FileInfo], shards: dict[str, FileInfo]
-) -> list[DumpInfo]:
-    """A :class:`DumpInfo` per record (one per dump of the run: one loop, no call per dump
-    but the name check)."""
-    shard_problems: dict[str, str | None] = {}  # one check per shard, not per member
-    dumps: list[DumpInfo] = []
-    append = dumps.append
-    get_file, get_shard = listed.get, shards.get
-    new = tuple.__new__  # DumpInfo(...) from a tuple of its fields: half the cost
-    for record in latest.values():
-        name, path, size, checksum, host, pid, rank, writer, time, shard_path, offset = record
-        problem = None if plainly_valid(path) else _path_problem(path)
-        if shard_path is None:
-            file = get_file(path)
-            stored = None if file is None else file.size
-        else:
-            if problem is None:
-                if shard_path not in shard_problems:
-                    shard_problems[shard_path] = _shard_problem(shard_path)
-                problem = shard_problems[shard_path]
-                if problem is None and (offset is None or offset < 0 or size < 0):
-                    problem = _place_problem(offset, size)
-            file = get_shard(shard_path)
-            if file is None:
-                stored = None
-            else:  # what the shard holds of the member's bytes
-                held = file.size - (offset or 0)
-                stored = size if held >= size else max(0, held)
-        if problem is None and file is not None and file.outside:
-            problem = _OUTSIDE
-        recorded = True
-        fields = (name, path, size, checksum, writer, host, pid, rank, time, recorded, stored)
-        append(new(DumpInfo, (*fields, shard_path, offset, problem)))
-    return dumps
 
 
 def _is_segment(path: str) -> bool:
@@ -222,58 +173,8 @@ async def _read_segment(storage: Storage, path: str) -> bytes:
         return b""
 
 
-# Where a record's path, size, time and shard are in its RecordFields.
-_PATH: Final = 1
-_SIZE: Final = 2
-_TIME: Final = 8
-_SHARD: Final = 9
-_BY_PATH: Final = operator.itemgetter(_PATH)
-
-
-def _latest(segments: Iterable[bytes]) -> tuple[dict[str, RecordFields], int]:
-    """The newest record of every path in the *segments*, and the number of unreadable lines."""
-    latest: dict[str, RecordFields] = {}
-    bad = 0
-    for data in segments:
-        records, skipped = decode_segment_fields(data)
-        bad += skipped
-        if not latest:  # the first segment: in C, unless it names a path twice
-            latest = dict(zip(map(_BY_PATH, records), records, strict=True))
-            if len(latest) == len(records):
-                continue
-            latest = {}
-        for record in records:
-            path = record[_PATH]
-            known = latest.get(path)
-            if known is None or record[_TIME] >= known[_TIME]:
-                latest[path] = record
-    return latest, bad
-
-
-def _path_problem(path: str) -> str | None:
-    try:
-        validate_name(path)
-    except InvalidNameError:
-        return f"its path {path!r} is not a path inside the run"
-    return None
-
-
-def _shard_problem(shard: str) -> str | None:
-    try:
-        check_relative(shard)
-    except StorageError:
-        return f"its shard {shard!r} is not a path inside the run"
-    if not is_shard_path(shard):
-        return f"its shard {shard!r} is not a shard of the run"
-    return None
-
-
-def _place_problem(offset: int | None, size: int) -> str:
-    return f"its place in the shard ({offset}, {size} bytes) is invalid"
-
-
 def _unrecorded(info: FileInfo, suffix: str) -> DumpInfo:
-    problem = _OUTSIDE if info.outside else None
+    problem = OUTSIDE if info.outside else None
     return _unrecorded_dump(info.path, info.size, info.mtime, suffix, problem)
 
 
@@ -327,7 +228,7 @@ async def _index_shard(storage: Storage, shard: FileInfo, suffix: str) -> list[D
             member.size,
             shard.mtime,
             suffix,
-            _path_problem(member.name),
+            path_problem(member.name),
             shard=shard.path,
             offset=member.offset,
         )
