@@ -25,9 +25,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from trajtrack.reader._numeric import mismatch
+from trajtrack.reader._numeric import Mismatch, mismatch
 
-__all__ = ["Difference", "Tolerance", "compare"]
+__all__ = ["Difference", "Tolerance", "compare", "numeric_difference"]
 
 DifferenceKind = Literal["value", "shape", "dtype", "type", "missing", "extra", "length"]
 
@@ -276,33 +276,39 @@ class _Walker:
         found = mismatch(a, b, rtol=tol.rtol, atol=tol.atol, equal_nan=tol.equal_nan)
         if found is None:
             return
-        max_abs, max_rel, first = found.max_abs, found.max_rel, found.first
-        index = _unravel(first, a.shape)
         if found.values is not None:
             value_a, value_b = found.values
         else:
+            first = found.first
             value_a, value_b = a.reshape(-1)[first].item(), b.reshape(-1)[first].item()
-        detail = f"{found.mismatched} of {a.numel()} elements differ"
-        if max_abs is not None:
-            detail += f" (max abs {max_abs:.6g}"
-            detail += f", max rel {max_rel:.6g})" if max_rel is not None else ")"
-        self.add(
-            Difference(
-                path,
-                "value",
-                detail,
-                max_abs=max_abs,
-                max_rel=max_rel,
-                index=index,
-                mismatched=found.mismatched,
-                total=a.numel(),
-                a=_abbrev(value_a),
-                b=_abbrev(value_b),
-            )
-        )
+        self.add(numeric_difference(path, found, a.shape, a.numel(), value_a, value_b))
 
 
-def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
+def numeric_difference(
+    path: str, found: Mismatch, shape: tuple[int, ...], numel: int, value_a: Any, value_b: Any
+) -> Difference:
+    """The :class:`Difference` of two tensors (or arrays) of *shape* that *found* says differ,
+    *value_a* and *value_b* the elements at its first index."""
+    max_abs, max_rel = found.max_abs, found.max_rel
+    detail = f"{found.mismatched} of {numel} elements differ"
+    if max_abs is not None:
+        detail += f" (max abs {max_abs:.6g}"
+        detail += f", max rel {max_rel:.6g})" if max_rel is not None else ")"
+    return Difference(
+        path,
+        "value",
+        detail,
+        max_abs=max_abs,
+        max_rel=max_rel,
+        index=_unravel(found.first, shape),
+        mismatched=found.mismatched,
+        total=numel,
+        a=_abbrev(value_a),
+        b=_abbrev(value_b),
+    )
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The index of row-major element *flat* in *shape* (``np.unravel_index``, for plain
     ints: a fifth of its cost on a small tensor)."""
     index = []

@@ -32,7 +32,7 @@ How, with public, documented APIs only:
   :mod:`trajtrack.tracker._archive`; never imported or called: the names map to this module's
   own handlers). All of these are on torch's default weights-only list.
 * **Tensors** are never exposed to the unpickler. The rebuild handlers check their arguments
-  and return an inert record (:class:`_TensorRef`: no ``__setstate__``, no item assignment,
+  and return an inert record (:class:`TensorRef`: no ``__setstate__``, no item assignment,
   no attributes to set), so that no pickle opcode (``BUILD``, ``SETITEM``...) can act on a
   tensor. After the pickle is read, the records are replaced by tensors, one storage per
   storage record (views keep sharing it, as with ``torch.load``), built with
@@ -54,7 +54,7 @@ import io
 import pickle
 import sys
 from collections import OrderedDict
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import torch
 
@@ -70,7 +70,17 @@ from trajtrack.reader._torch_archive import (
 )
 from trajtrack.tracker._archive import REBUILD_V2, REBUILD_V3, V2_STORAGES
 
-__all__ = ["DECLINED", "fast_load", "only_default_globals"]
+__all__ = [
+    "ATOMS",
+    "DECLINED",
+    "DECLINES",
+    "StorageRecord",
+    "TensorRef",
+    "Unpickled",
+    "fast_load",
+    "only_default_globals",
+    "unpickled",
+]
 
 DECLINED: Final = object()
 """What :func:`fast_load` returns for what it does not load (``torch.load`` must)."""
@@ -83,7 +93,7 @@ def fast_load(data: bytes) -> Any:
     """The object in torch archive *data*, or :data:`DECLINED` (blocking; thread-safe)."""
     try:
         return _load(data)
-    except _DECLINES:
+    except DECLINES:
         return DECLINED
 
 
@@ -110,7 +120,7 @@ def only_default_globals(data: bytes) -> bool:
     try:
         start, end = archive_pickle(data, kept)
         names = scan_opcodes(data[start:end], None if kept is None else memoryview(kept)[start:end])
-    except _DECLINES:
+    except DECLINES:
         return False
     answer = _GLOBAL_LINES.issuperset(names)
     if kept is not None:
@@ -124,6 +134,34 @@ and :func:`scan_opcodes` mark)."""
 
 
 def _load(data: bytes) -> Any:
+    found = unpickled(data)
+    if not found.tensors:
+        return found.obj
+    return _Resolver(data).resolve(found.obj)
+
+
+class Unpickled(NamedTuple):
+    """A torch archive unpickled by :func:`unpickled`.
+
+    Attributes:
+        obj: The object, each tensor still a :class:`TensorRef`.
+        pickle: The archive's pickle (``data.pkl``).
+        tensors: How many tensors the pickle names.
+        storages: Each storage record by its key in the archive (``data/<key>``).
+        records: The archive's records, their folder and limit (:func:`archive_records`).
+    """
+
+    obj: Any
+    pickle: bytes
+    tensors: int
+    storages: dict[str, StorageRecord]
+    records: tuple[dict[str, tuple[int, int]], str, int]
+
+
+def unpickled(data: bytes) -> Unpickled:
+    """Torch archive *data*'s object with each tensor still a :class:`TensorRef` (blocking;
+    raises :class:`Declined` and the errors of :data:`DECLINES` for what the fast loader
+    declines)."""
     if not _LITTLE:
         raise Declined
     records, prefix, limit = archive_records(data)
@@ -134,12 +172,10 @@ def _load(data: bytes) -> Any:
     unpickler.limit = limit
     unpickler.storages, unpickler.tensors = {}, 0
     obj = unpickler.load()
-    if not unpickler.tensors:
-        return obj
-    return _Resolver(data).resolve(obj)
+    return Unpickled(obj, pickled, unpickler.tensors, unpickler.storages, (records, prefix, limit))
 
 
-_DECLINES: Final = (
+DECLINES: Final = (
     Declined,
     pickle.UnpicklingError,
     EOFError,
@@ -163,16 +199,17 @@ class _StorageType:
         self.dtype = dtype  # None: torch.UntypedStorage (bytes; the tensor names its dtype)
 
 
-class _StorageRecord:
-    """One storage record of the archive: where its bytes are, and as which dtype."""
+class StorageRecord:
+    """One storage record of the archive: its key (``data/<key>``), where its bytes are, and
+    as which dtype."""
 
-    __slots__ = ("dtype", "length", "start")
+    __slots__ = ("dtype", "key", "length", "start")
 
-    def __init__(self, dtype: torch.dtype | None, start: int, length: int) -> None:
-        self.dtype, self.start, self.length = dtype, start, length
+    def __init__(self, key: str, dtype: torch.dtype | None, start: int, length: int) -> None:
+        self.key, self.dtype, self.start, self.length = key, dtype, start, length
 
 
-class _TensorRef(tuple):  # type: ignore[type-arg]
+class TensorRef(tuple):  # type: ignore[type-arg]
     """A tensor still to build: ``(dtype, offset, requires_grad, size, storage, stride)``.
 
     Inert to every pickle opcode: a tuple (no item assignment, no ``append``) with no
@@ -198,7 +235,7 @@ class _Unpickler(pickle.Unpickler):
     records: dict[str, tuple[int, int]]
     prefix: str
     limit: int
-    storages: dict[str, _StorageRecord]
+    storages: dict[str, StorageRecord]
     tensors: int
 
     def find_class(self, module: str, name: str) -> Any:
@@ -227,7 +264,7 @@ class _Unpickler(pickle.Unpickler):
         if found is None or found[1] != numel * itemsize:
             raise Declined
         start = member_start(self.data, found[0], found[1], self.limit)
-        record = self.storages[key] = _StorageRecord(kind.dtype, start, found[1])
+        record = self.storages[key] = StorageRecord(key, kind.dtype, start, found[1])
         return record
 
 
@@ -250,30 +287,30 @@ def _checked_extras(hooks: Any, metadata: Any) -> None:
         raise Declined  # neg / conj bits: torch's loader sets them
 
 
-def _rebuild_v2(*args: Any) -> _TensorRef:
+def _rebuild_v2(*args: Any) -> TensorRef:
     """torch's rebuild over a typed storage: ``(storage, offset, size, stride, requires_grad,
     hooks[, metadata])``."""
-    if len(args) not in (6, 7) or type(args[0]) is not _StorageRecord or args[0].dtype is None:
+    if len(args) not in (6, 7) or type(args[0]) is not StorageRecord or args[0].dtype is None:
         raise Declined
     return _ref(args[0].dtype, args[:6], args[6] if len(args) == 7 else None)
 
 
-def _rebuild_v3(*args: Any) -> _TensorRef:
+def _rebuild_v3(*args: Any) -> TensorRef:
     """torch's rebuild over an untyped storage: ``(storage, offset, size, stride,
     requires_grad, hooks, dtype[, metadata])``."""
-    if len(args) not in (7, 8) or type(args[0]) is not _StorageRecord or args[0].dtype is not None:
+    if len(args) not in (7, 8) or type(args[0]) is not StorageRecord or args[0].dtype is not None:
         raise Declined
     if type(args[6]) is not torch.dtype:
         raise Declined
     return _ref(args[6], args[:6], args[7] if len(args) == 8 else None)
 
 
-def _ref(dtype: torch.dtype, common: tuple[Any, ...], metadata: Any) -> _TensorRef:
+def _ref(dtype: torch.dtype, common: tuple[Any, ...], metadata: Any) -> TensorRef:
     """The tensor record for both rebuilds; *common*: their first six arguments."""
     storage, offset, size, stride, requires_grad, hooks = common
     _checked_geometry(offset, size, stride, requires_grad)
     _checked_extras(hooks, metadata)
-    return _TensorRef((dtype, offset, requires_grad, size, storage, stride))
+    return TensorRef((dtype, offset, requires_grad, size, storage, stride))
 
 
 def _encode(text: Any, encoding: Any) -> bytes:
@@ -308,14 +345,14 @@ def _globals() -> dict[tuple[str, str], Any]:
 
 _GLOBALS: Final = _globals()
 _GLOBAL_LINES: Final = frozenset(f"{module}\n{name}\n".encode() for module, name in _GLOBALS)
-_ATOMS: Final = frozenset(
+ATOMS: Final = frozenset(
     {str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device, torch.Size}
 )
 _IN_PROGRESS: Final = object()
 
 
 class _Resolver:
-    """Replaces each :class:`_TensorRef` in an unpickled object by its tensor."""
+    """Replaces each :class:`TensorRef` in an unpickled object by its tensor."""
 
     def __init__(self, data: bytes) -> None:
         self.data = data
@@ -324,14 +361,14 @@ class _Resolver:
 
     def resolve(self, obj: Any) -> Any:
         kind = type(obj)
-        if kind in _ATOMS:
+        if kind in ATOMS:
             return obj
         known = self.memo.get(id(obj))
         if known is not None:
             if known is _IN_PROGRESS:
                 raise Declined  # a cycle through a tuple or frozenset
             return known
-        if kind is _TensorRef:
+        if kind is TensorRef:
             tensor = self.memo[id(obj)] = self._tensor(obj)
             return tensor
         if kind is list:
@@ -362,7 +399,7 @@ class _Resolver:
         obj.update(items)
         return obj
 
-    def _tensor(self, ref: _TensorRef) -> torch.Tensor:
+    def _tensor(self, ref: TensorRef) -> torch.Tensor:
         dtype, offset, requires_grad, size, record, stride = ref
         storage = self.storages.get(id(record))
         if storage is None and record.length and not record.length % dtype.itemsize:
@@ -387,6 +424,6 @@ class _Resolver:
             tensor.requires_grad_(True)
         return tensor
 
-    def _bytes(self, record: _StorageRecord) -> bytearray:
+    def _bytes(self, record: StorageRecord) -> bytearray:
         """A private, writable copy of *record*'s bytes (the tensors' memory)."""
         return bytearray(self.data[record.start : record.start + record.length])

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Mismatch", "bitwise_equal", "mismatch"]
+__all__ = ["Mismatch", "bitwise_equal", "fast_flat", "mismatch"]
 
 _FAST_DTYPES = (torch.float32, torch.float64)
 _NATIVE_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
@@ -129,6 +129,17 @@ def _fast(
         return _UNDECIDED
     # Flat and row-major (the first index is a row-major one), copies only if strided.
     xn, yn = np.ascontiguousarray(xn).reshape(-1), np.ascontiguousarray(yn).reshape(-1)
+    return fast_flat(xn, yn, rtol, atol, own=own)
+
+
+def fast_flat(
+    xn: np.ndarray[Any, Any], yn: np.ndarray[Any, Any], rtol: float, atol: float, *, own: bool
+) -> tuple[bool, Mismatch | None]:
+    """:func:`mismatch`'s fast path over two flat, row-major arrays of one float dtype
+    (float32 or float64) and length: ``(True, result)``, or ``(False, None)`` when the
+    general path must decide (NaN, infinities, a zero ``b`` next to a difference)."""
+    if not (math.isfinite(rtol) and math.isfinite(atol)):
+        return _UNDECIDED
     exact = rtol == 0 and atol == 0
     diff, allowed, mask = _buffers(xn.dtype, min(xn.size, _CHUNK), exact)
     mismatched, first, max_abs, max_rel = 0, -1, 0.0, 0.0

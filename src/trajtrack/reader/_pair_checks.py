@@ -4,7 +4,8 @@
   hot path of a diff of many small dumps, written as one loop. A byte-identical pair needs no
   loading, only the refusal a load would give (:func:`check_loadable`; nearly always answered
   by the fast loader's remembered scan, :func:`only_default_globals`, in about a microsecond);
-* :func:`load_and_compare` -- one pair from its bytes;
+* :func:`load_and_compare` -- one pair from its bytes: two archives of the same pickle
+  compared without loading (:mod:`trajtrack.reader._archive_diff`), others loaded;
 * :func:`compare_files` -- one pair of local files, compared in place, loaded by torch itself.
 
 Byte-identical pairs are equal without loading only when NaN equals NaN (the default): with
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trajtrack._exceptions import TrajtrackError
+from trajtrack.reader._archive_diff import compare_archives
 from trajtrack.reader._compare import Difference, Tolerance, compare
 from trajtrack.reader._diff_result import DumpComparison, Pair, compared, failed
 from trajtrack.reader._fast_load import only_default_globals
@@ -100,10 +102,13 @@ def load_and_compare(
         # refused here too (a static scan of its pickle; the tensors are not loaded).
         check_loadable(data_a, unsafe=unsafe, where=f"A:{name}")
         return []
+    if not unsafe:  # the same structure, other numbers: compared without loading
+        found = compare_archives(data_a, data_b, tol, limit)
+        if found is not None:
+            return found
     obj_a = load_dump_bytes(data_a, unsafe=unsafe, where=f"A:{name}")
     obj_b = load_dump_bytes(data_b, unsafe=unsafe, where=f"B:{name}")
-    found: list[Difference] = compare(obj_a, obj_b, tol, limit=limit)
-    return found
+    return compare(obj_a, obj_b, tol, limit=limit)
 
 
 def compare_files(
