@@ -172,7 +172,9 @@ def fast_flat(
             if count:
                 mismatched += count
                 if first < 0:
-                    first = start + int(np.argmax(outside))  # stops at the first True
+                    first = start + int(
+                        outside.argmax()
+                    )  # stops at the first True (a method: 0.2 us, np.argmax 0.9)
             # |a-b| / |b| as | |a-b| / b |, in place. b == 0 gives NaN (a == b: no relative
             # difference, and fmax skips NaN) or inf (a difference against a zero b, which
             # must be left out, not reported): the general path handles that case.
