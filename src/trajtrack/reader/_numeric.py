@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -40,9 +39,8 @@ _FAST_DTYPES = (torch.float32, torch.float64)
 _NATIVE_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
 
 
-@dataclass(frozen=True, slots=True)
-class Mismatch:
-    """Two tensors that are not equal within tolerance.
+class Mismatch(NamedTuple):
+    """Two tensors that are not equal within tolerance (a named tuple).
 
     Attributes:
         mismatched: Elements outside tolerance (at least 1).
