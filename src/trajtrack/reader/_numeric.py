@@ -169,10 +169,8 @@ def fast_flat(
                 count = int(np.count_nonzero(outside))
             if count:
                 mismatched += count
-                if first < 0:
-                    first = start + int(
-                        outside.argmax()
-                    )  # stops at the first True (a method: 0.2 us, np.argmax 0.9)
+                if first < 0:  # the method stops at the first True (0.2 us; np.argmax 0.9)
+                    first = start + int(outside.argmax())
             # |a-b| / |b| as | |a-b| / b |, in place. b == 0 gives NaN (a == b: no relative
             # difference, and fmax skips NaN) or inf (a difference against a zero b, which
             # must be left out, not reported): the general path handles that case.
