@@ -191,3 +191,34 @@ def test_finite_float_tensors_never_need_the_general_path(monkeypatch: pytest.Mo
 
 def _tol(tol: dict[str, float]) -> dict[str, float]:
     return {"rtol": tol.get("rtol", 0.0), "atol": tol.get("atol", 0.0)}
+
+
+def test_small_arrays_get_what_the_chunked_path_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Zero tolerances on a small array take a shorter way (no scratch buffers): its answers,
+    # hand-overs included, are the chunked path's.
+    from trajtrack.reader import _numeric
+
+    rng = np.random.default_rng(3)
+    specials = [0.0, -0.0, 1.0, np.inf, -np.inf, np.nan, 1e-30, 3e38]
+    cases = []
+    for trial in range(400):
+        dtype = np.float32 if trial % 2 else np.float64
+        n = int(rng.integers(1, 60))
+        x = (rng.standard_normal(n) * 10 ** int(rng.integers(-3, 4))).astype(dtype)
+        y = x.copy()
+        for _ in range(int(rng.integers(0, 4))):
+            where = int(rng.integers(0, n))
+            choice = rng.random()
+            if choice < 0.4:
+                y[where] += dtype(rng.standard_normal())
+            else:
+                target = x if choice < 0.6 else y
+                target[where] = dtype(specials[int(rng.integers(0, len(specials)))])
+        cases.append((x, y))
+    small = [_numeric.fast_flat(x, y, 0.0, 0.0, own=True) for x, y in cases]
+    monkeypatch.setattr(_numeric, "_SMALL", 0)
+    chunked = [_numeric.fast_flat(x, y, 0.0, 0.0, own=True) for x, y in cases]
+    assert any(found is not None for decided, found in small if decided)
+    assert any(not decided for decided, _ in small)
+    for (x, y), got, want in zip(cases, small, chunked, strict=True):
+        assert repr(got) == repr(want), (x, y)
