@@ -294,18 +294,10 @@ def numeric_difference(
     if max_abs is not None:
         detail += f" (max abs {max_abs:.6g}"
         detail += f", max rel {max_rel:.6g})" if max_rel is not None else ")"
-    return Difference(
-        path,
-        "value",
-        detail,
-        max_abs=max_abs,
-        max_rel=max_rel,
-        index=_unravel(found.first, shape),
-        mismatched=found.mismatched,
-        total=numel,
-        a=_abbrev(value_a),
-        b=_abbrev(value_b),
-    )
+    index = _unravel(found.first, shape)
+    a, b = _abbrev(value_a), _abbrev(value_b)
+    # Positional, in field order: keywords double a frozen dataclass's construction.
+    return Difference(path, "value", detail, max_abs, max_rel, index, found.mismatched, numel, a, b)
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
