@@ -70,18 +70,18 @@ def test_group_small_keeps_the_order_and_puts_each_large_item_alone() -> None:
     assert weighed == [[5, 5], [5, 9], [1, 1]]  # closed once a group weighs 10
 
 
-def test_read_batches_hold_up_to_1024_small_items_and_4_mib() -> None:
+def test_read_batches_hold_up_to_2048_small_items_and_8_mib() -> None:
     from trajtrack.reader._batch_reads import read_batches
 
-    items = [4096] * 3000 + [1 << 20] + [4096] * 10
+    items = [2048] * 5000 + [1 << 20] + [2048] * 10
 
     def small(size: int) -> bool:
         return size <= 65536
 
     groups = read_batches(items, small, int)
-    assert [len(g) for g in groups] == [1024, 1024, 1, 962]  # 1,024 a group, at most
-    huge = read_batches([60000] * 200, small, int)
-    assert max(sum(g) for g in huge) < (4 << 20) + 60000  # and 4 MiB
+    assert [len(g) for g in groups] == [2048, 2048, 1, 914]  # 2,048 a group, at most
+    huge = read_batches([60000] * 400, small, int)
+    assert max(sum(g) for g in huge) < (8 << 20) + 60000  # and 8 MiB
     assert sorted(x for g in groups for x in g) == sorted(items)
 
 
@@ -403,3 +403,38 @@ async def test_diff_and_verify_close_the_shards_they_kept_open(
         assert len(closed) == 2 and closed[0] is not closed[1]  # both runs' readers
         assert {f.problem for f in await verify_run(run_a)} == {"ok"}
         assert len(closed) == 3
+
+
+async def test_diff_keeps_at_most_four_batches_of_small_pairs_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trajtrack.reader import _batch_reads, diff_runs
+
+    monkeypatch.setattr(_batch_reads, "_BATCH", 2)  # 24 pairs: 12 batches
+    in_flight, most = [0], [0]
+
+    class Slow(MemoryStorage):
+        async def read(self, path: str) -> bytes:
+            if not path.endswith(".pth"):
+                return await super().read(path)
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            await anyio.sleep(0.01)
+            in_flight[0] -= 1
+            return await super().read(path)
+
+    runs = {}
+    for name in ("a", "b"):
+        url = f"memory://inflight/{name}"
+        runs[name] = storage = Slow(url)
+        async with Tracker(url, storage=storage) as tracker:
+            for i in range(24):
+                await tracker.dump({"x": torch.full((8,), float(i))}, f"d{i:02d}")
+    async with (
+        open_run("memory://inflight/a", storage=runs["a"]) as run_a,
+        open_run("memory://inflight/b", storage=runs["b"]) as run_b,
+    ):
+        result = await diff_runs(run_a, run_b)
+    assert result.equal and len(result.comparisons) == 24
+    # Four batches at a time, each reading its two pairs from both runs at once: 16 reads.
+    assert 8 < most[0] <= 16

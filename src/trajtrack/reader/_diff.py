@@ -184,6 +184,12 @@ class _Comparer:
         # _compare_members; files are read by the comparing thread: three system calls a file,
         # two threads would queue for the GIL at each).
         self.members_io = anyio.CapacityLimiter(2)
+        # Batches of small pairs in flight (each reads many members, up to 16 requests at
+        # once): 4, not the run's concurrency. On the HDFS test cluster, a sharded diff of two
+        # 20,000-dump runs in 8 MiB batches: 0.67-0.77 s with 8 in flight, 0.75 s with 4 (and
+        # the least memory: 359 MB), 0.74-0.83 s with 16 (482 MB); in 4 MiB batches, 16 in
+        # flight as before, 0.90-0.95 s (366 MB).
+        self.small_batches = anyio.CapacityLimiter(4)
         self._options = (tol, unsafe, limit)
         # Two local runs: small batches are read by the thread that compares them.
         reader_a, reader_b = run_a.blocking_reader(), run_b.blocking_reader()
@@ -229,7 +235,16 @@ class _Comparer:
         """Compare the pairs of one batch (see :meth:`batches`)."""
         if len(batch) == 1:
             results = [await self.compare(batch[0])]
-        elif self.readers is not None and _members(batch):
+        else:
+            async with self.small_batches:
+                results = await self._compare_small(batch)
+        self.done += len(batch)
+        if self.progress is not None:
+            self.progress(self.done)
+        return results
+
+    async def _compare_small(self, batch: list[Pair]) -> list[DumpComparison]:
+        if self.readers is not None and _members(batch):
             results = await self._compare_members(batch)
         elif self.readers is not None:  # both local: read, load and compare in one hop
             results = await anyio.to_thread.run_sync(
@@ -243,9 +258,6 @@ class _Comparer:
             results = await anyio.to_thread.run_sync(
                 self._compare_read, batch, data_a, data_b, limiter=self.small_cpu
             )
-        self.done += len(batch)
-        if self.progress is not None:
-            self.progress(self.done)
         return results
 
     async def _compare_members(self, batch: list[Pair]) -> list[DumpComparison]:
