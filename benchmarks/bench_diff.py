@@ -59,7 +59,7 @@ import torch
 import trajtrack
 from trajtrack.backends import open_storage
 from trajtrack.layouts.names import is_internal_path
-from trajtrack.reader import _diff as diff_module, gather_bounded
+from trajtrack.reader import _pair_checks as pair_checks, gather_bounded
 from trajtrack.reader._files import LocalFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -99,7 +99,7 @@ def counting_local_reads(roots: dict[str, str]) -> Iterator[Counter[str]]:
     a large pair's two files (``inside_run``), a small batch's dumps (``Run.blocking_reader``)."""
     opened: Counter[str] = Counter()
     keys = {os.path.realpath(root): key for key, root in roots.items()}
-    real_inside, real_reader = diff_module.inside_run, trajtrack.Run.blocking_reader
+    real_inside, real_reader = pair_checks.inside_run, trajtrack.Run.blocking_reader
 
     def key_of(root: str) -> str:
         return keys.get(os.path.realpath(root), "?")
@@ -108,24 +108,29 @@ def counting_local_reads(roots: dict[str, str]) -> Iterator[Counter[str]]:
         opened[f"{key_of(file.root)}/{file.relative}"] += 1
         return real_inside(file, where)
 
+    class Counting:
+        """A run's blocking reader, counting what it reads."""
+
+        def __init__(self, read: Any, key: str) -> None:
+            self.read, self.key = read, key
+
+        def __call__(self, infos: Any) -> Any:
+            opened.update(f"{self.key}/{info.path}" for info in infos)
+            return self.read(infos)
+
+        def close(self) -> None:
+            self.read.close()
+
     def blocking_reader(run: trajtrack.Run) -> Any:
         read = real_reader(run)
-        if read is None:
-            return None
-        key = key_of(run.url)
+        return None if read is None else Counting(read, key_of(run.url))
 
-        def reading(infos: Any) -> Any:
-            opened.update(f"{key}/{info.path}" for info in infos)
-            return read(infos)
-
-        return reading
-
-    diff_module.inside_run = inside_run  # type: ignore[assignment]
+    pair_checks.inside_run = inside_run  # type: ignore[assignment]
     trajtrack.Run.blocking_reader = blocking_reader  # type: ignore[method-assign]
     try:
         yield opened
     finally:
-        diff_module.inside_run = real_inside  # type: ignore[assignment]
+        pair_checks.inside_run = real_inside  # type: ignore[assignment]
         trajtrack.Run.blocking_reader = real_reader  # type: ignore[method-assign]
 
 

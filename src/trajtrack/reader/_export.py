@@ -61,7 +61,11 @@ async def export_run(
     await destination.prepare()
     dumps = await source.list(glob)
     todo = [d for d in dumps if d.present and d.problem is None]
-    skipped = [(d.name, d.problem or "missing from the storage") for d in dumps if d not in todo]
+    skipped = [
+        (d.name, d.problem or "missing from the storage")
+        for d in dumps
+        if not (d.present and d.problem is None)  # not a search of todo: one pass
+    ]
 
     async def copy(batch: list[DumpInfo]) -> list[DumpRecord | str]:
         # Read together (a span of neighbouring shard members: one read), written together
