@@ -107,20 +107,27 @@ async def test_runs_of_other_storages_are_read_and_loaded_from_bytes(
     assert loads == []
 
 
-async def test_small_local_pairs_compared_in_batches_keep_their_own_outcomes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _batches_of_four(monkeypatch: pytest.MonkeyPatch, method: str) -> list[int]:
+    """Small pairs in batches of 4 (10 pairs: 4, 4 and 2); the size of each batch that the
+    comparer's *method* is given, as it goes."""
     from trajtrack.reader import _batch_reads
 
-    monkeypatch.setattr(_batch_reads, "_BATCH", 4)  # 10 pairs: batches of 4, 4 and 2
+    monkeypatch.setattr(_batch_reads, "_BATCH", 4)
     hops: list[int] = []
-    real = diff_module._Comparer._compare_read
+    real = getattr(diff_module._Comparer, method)
 
     def counted(self: Any, batch: list[Any], *data: Any) -> Any:
         hops.append(len(batch))
         return real(self, batch, *data)
 
-    monkeypatch.setattr(diff_module._Comparer, "_compare_read", counted)
+    monkeypatch.setattr(diff_module._Comparer, method, counted)
+    return hops
+
+
+async def test_small_local_pairs_compared_in_batches_keep_their_own_outcomes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hops = _batches_of_four(monkeypatch, "_compare_read")
     a, b = tmp_path / "a", tmp_path / "b"
     for run in (a, b):
         run.mkdir()
@@ -233,17 +240,7 @@ async def test_batches_of_shard_members_keep_their_own_outcomes(
 ) -> None:
     # Read and byte-compared by two threads, the pairs that need loading then loaded in one:
     # each pair's own outcome, in dump order, whichever thread decided it.
-    from trajtrack.reader import _batch_reads
-
-    monkeypatch.setattr(_batch_reads, "_BATCH", 4)  # 10 pairs: batches of 4, 4 and 2
-    hops: list[int] = []
-    real = diff_module._Comparer._read_and_compare_unloaded
-
-    def counted(self: Any, batch: list[Any]) -> Any:
-        hops.append(len(batch))
-        return real(self, batch)
-
-    monkeypatch.setattr(diff_module._Comparer, "_read_and_compare_unloaded", counted)
+    hops = _batches_of_four(monkeypatch, "_read_and_compare_unloaded")
     for run in ("a", "b"):
         async with Tracker(tmp_path / run, layout="shards") as tracker:
             for i in range(10):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 import pytest
@@ -303,8 +304,24 @@ async def test_both_runs_the_two_at_once_and_raises_unwrapped() -> None:
     assert order == ["slow starts"]  # cancelled, not waited for
 
 
-async def test_diff_reads_both_runs_of_a_batch_at_the_same_time() -> None:
+async def _diff_of_two(storage_class: type[MemoryStorage], base: str, dumps: int) -> Any:
+    """``diff_runs`` of two identical runs *base*/a and *base*/b of *dumps* small dumps, each in
+    its own *storage_class*."""
     from trajtrack.reader import diff_runs
+
+    runs = []
+    for name in ("a", "b"):
+        url = f"{base}/{name}"
+        storage = storage_class(url)
+        async with Tracker(url, storage=storage) as tracker:
+            for i in range(dumps):
+                await tracker.dump({"x": torch.full((8,), float(i))}, f"d{i:02d}")
+        runs.append(open_run(url, storage=storage))
+    async with runs[0] as run_a, runs[1] as run_b:
+        return await diff_runs(run_a, run_b)
+
+
+async def test_diff_reads_both_runs_of_a_batch_at_the_same_time() -> None:
 
     events: list[tuple[str, str]] = []
 
@@ -316,18 +333,7 @@ async def test_diff_reads_both_runs_of_a_batch_at_the_same_time() -> None:
                 events.append(("end", self.url))
             return await super().read(path)
 
-    runs = {}
-    for name in ("a", "b"):
-        url = f"memory://both/{name}"
-        runs[name] = storage = Slow(url)
-        async with Tracker(url, storage=storage) as tracker:
-            for i in range(5):
-                await tracker.dump({"x": torch.full((8,), float(i))}, f"d{i}")
-    async with (
-        open_run("memory://both/a", storage=runs["a"]) as run_a,
-        open_run("memory://both/b", storage=runs["b"]) as run_b,
-    ):
-        result = await diff_runs(run_a, run_b)
+    result = await _diff_of_two(Slow, "memory://both", 5)
     assert result.equal
     first_b = events.index(("start", "memory://both/b"))
     last_a = max(i for i, event in enumerate(events) if event == ("end", "memory://both/a"))
@@ -408,7 +414,7 @@ async def test_diff_and_verify_close_the_shards_they_kept_open(
 async def test_diff_keeps_at_most_four_batches_of_small_pairs_in_flight(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from trajtrack.reader import _batch_reads, diff_runs
+    from trajtrack.reader import _batch_reads
 
     monkeypatch.setattr(_batch_reads, "_BATCH", 2)  # 24 pairs: 12 batches
     in_flight, most = [0], [0]
@@ -423,18 +429,7 @@ async def test_diff_keeps_at_most_four_batches_of_small_pairs_in_flight(
             in_flight[0] -= 1
             return await super().read(path)
 
-    runs = {}
-    for name in ("a", "b"):
-        url = f"memory://inflight/{name}"
-        runs[name] = storage = Slow(url)
-        async with Tracker(url, storage=storage) as tracker:
-            for i in range(24):
-                await tracker.dump({"x": torch.full((8,), float(i))}, f"d{i:02d}")
-    async with (
-        open_run("memory://inflight/a", storage=runs["a"]) as run_a,
-        open_run("memory://inflight/b", storage=runs["b"]) as run_b,
-    ):
-        result = await diff_runs(run_a, run_b)
+    result = await _diff_of_two(Slow, "memory://inflight", 24)
     assert result.equal and len(result.comparisons) == 24
     # Four batches at a time, each reading its two pairs from both runs at once: 16 reads.
     assert 8 < most[0] <= 16
