@@ -232,6 +232,38 @@ async def test_a_local_listing_takes_recorded_sizes_from_the_record_it_counts(
     assert (dump.stored_size, dump.size, dump.writer != "ghost") == (real_size, real_size, True)
 
 
+async def test_a_segment_written_while_a_local_run_is_listed_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A segment the listing finds that was not there when the record was read first: read
+    # then, and the ones read first not read again.
+    from trajtrack.reader import _listing
+
+    for writer in range(2):  # two trackers: two segments
+        async with trajtrack.Tracker(tmp_path) as tracker:
+            await (await tracker.dump({"x": torch.zeros(3)}, f"w{writer}"))
+    early, read = _listing._early_segments, _listing._read_segment
+    reads: list[str] = []
+
+    async def one_missing(*args: object) -> dict[str, bytes]:
+        found = await early(*args)  # type: ignore[arg-type]
+        del found[max(found)]  # as if written after the record was read
+        return found
+
+    async def counted(storage: object, path: str) -> bytes:
+        reads.append(path)
+        return await read(storage, path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_listing, "_early_segments", one_missing)
+    monkeypatch.setattr(_listing, "_read_segment", counted)
+    async with open_run(tmp_path) as run:
+        dumps = await run.list()
+    assert sorted(d.name for d in dumps) == ["w0", "w1"] and all(d.recorded for d in dumps)
+    segments = sorted(set(reads))
+    assert len(segments) == 2 and reads.count(segments[0]) == 1  # the first, read once
+    assert reads.count(segments[1]) == 2  # the new one (its first read dropped above), again
+
+
 async def test_records_behind_a_link_leading_out_are_not_read(tmp_path: Path) -> None:
     from trajtrack.layouts.records import RECORDS_PREFIX
 

@@ -10,7 +10,7 @@ time, and the dumps' values come out zipped, in C.
 
 The checks are exact: every column a list of the dumps' count, each entry of the one type the
 field has (a ``bool`` is not an ``int``), each shard index inside ``shards``. A line that
-fails any of them is refused whole (:func:`column_fields` returns ``None``); the reader then
+fails any of them is refused whole (:func:`columns_of` returns ``None``); the reader then
 counts it as unreadable and lists the dumps it described as unrecorded files or shard members.
 """
 
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 __all__ = [
     "COLUMNS_VERSION",
     "Columns",
-    "column_fields",
     "column_lines",
     "columns_of",
     "fits_columns",
@@ -115,13 +114,6 @@ class Columns(NamedTuple):
                 strict=True,
             )
         )
-
-
-def column_fields(line: dict[str, Any]) -> list[RecordFields] | None:
-    """The dumps of a version-2 *line* as :data:`RecordFields`, or ``None`` if the line is
-    not exactly what :func:`column_lines` writes (see the module's checks)."""
-    columns = columns_of(line)
-    return None if columns is None else columns.fields()
 
 
 def columns_of(line: dict[str, Any]) -> Columns | None:

@@ -29,9 +29,16 @@ import numpy as np
 import torch
 
 from trajtrack.reader._compare import Difference, Tolerance, numeric_difference
-from trajtrack.reader._fast_load import ATOMS, DECLINES, TensorRef, Unpickled, unpickled
+from trajtrack.reader._fast_load import (
+    ATOMS,
+    DECLINES,
+    TensorRef,
+    Unpickled,
+    archive_data_pickle,
+    storage_start,
+    unpickled,
+)
 from trajtrack.reader._numeric import fast_flat
-from trajtrack.reader._torch_archive import archive_records, member, member_start
 
 __all__ = ["compare_archives"]
 
@@ -78,17 +85,12 @@ def compare_archives(
 def _same_pickle_storages(a: Unpickled, data_b: bytes) -> dict[str, int] | None:
     """Where each of *a*'s storages starts in archive *data_b*, if *data_b* holds the same
     pickle (else ``None``): what the fast loader would find unpickling it, checked as it
-    checks (its records, each storage's record and length), without unpickling it again."""
-    records, prefix, limit = archive_records(data_b)
-    if member(data_b, records, prefix + "data.pkl", limit) != a.pickle:
+    checks (its records, each storage's record and length: declined where one does not fit),
+    without unpickling it again."""
+    pickled, records = archive_data_pickle(data_b)
+    if pickled != a.pickle:
         return None
-    starts = {}
-    for key, record in a.storages.items():
-        found = records.get(prefix + "data/" + key)
-        if found is None or found[1] != record.length:
-            return None
-        starts[key] = member_start(data_b, found[0], found[1], limit)
-    return starts
+    return {key: storage_start(data_b, records, key, r.length) for key, r in a.storages.items()}
 
 
 def _tensors(obj: Any, path: str, depth: int) -> Iterator[tuple[str, TensorRef]]:

@@ -26,6 +26,7 @@ __all__ = [
     "member_spans",
     "read_batches",
     "read_remote",
+    "span_end",
     "whole_member",
 ]
 
@@ -169,18 +170,28 @@ def member_spans(infos: Sequence[DumpInfo]) -> dict[int, tuple[int, int]]:
         if first.shard is None or first.problem is not None or first.offset is None:
             index += 1
             continue
-        start, end, following = first.offset, first.offset + first.size, index + 1
-        while following < len(infos):
-            info = infos[following]
-            if info.shard != first.shard or info.problem is not None or info.offset is None:
-                break
-            if not (end <= info.offset <= end + GAP_MAX):
-                break
-            if info.offset + info.size - start > SPAN_MAX:
-                break
-            end = info.offset + info.size
-            following += 1
+        end, following = span_end(infos, index)
         if following - index > 1:
-            spans[index] = (start, end - start)
+            spans[index] = (first.offset, end - first.offset)
         index = following
     return spans
+
+
+def span_end(infos: Sequence[DumpInfo], index: int) -> tuple[int, int]:
+    """Where the span starting at shard member *index* ends, and the index past its last
+    member: the run of following members of its shard that each start at most
+    :data:`GAP_MAX` after the one before ends, within :data:`SPAN_MAX` of the first."""
+    first = infos[index]
+    start = first.offset or 0
+    end = start + first.size
+    following = index + 1
+    while following < len(infos):
+        info = infos[following]
+        offset = info.offset
+        if info.shard != first.shard or info.problem is not None or offset is None:
+            break
+        if not end <= offset <= end + GAP_MAX or offset + info.size - start > SPAN_MAX:
+            break
+        end = offset + info.size
+        following += 1
+    return end, following

@@ -283,19 +283,22 @@ class _Comparer:
     def _read_and_compare_unloaded(
         self, batch: list[Pair]
     ) -> tuple[list[DumpComparison | None], list[bytes | Exception], list[bytes | Exception]]:
-        assert self.readers is not None  # the caller checked
-        read_a, read_b = self.readers
-        data_a = read_a([a for _, a, _, _ in batch])  # type: ignore[misc]  # small: both there
-        data_b = read_b([b for _, _, b, _ in batch])  # type: ignore[misc]
+        data_a, data_b = self._read_both(batch)
         found = compare_unloaded(batch, data_a, data_b, self.tol, self.unsafe)
         return found, data_a, data_b
 
     def _read_and_compare(self, batch: list[Pair]) -> list[DumpComparison]:
+        return self._compare_read(batch, *self._read_both(batch))
+
+    def _read_both(
+        self, batch: list[Pair]
+    ) -> tuple[list[bytes | Exception], list[bytes | Exception]]:
+        """Both runs' dumps of *batch*, read off the local disk (blocking)."""
         assert self.readers is not None  # the caller checked
         read_a, read_b = self.readers
         data_a = read_a([a for _, a, _, _ in batch])  # type: ignore[misc]  # small: both there
         data_b = read_b([b for _, _, b, _ in batch])  # type: ignore[misc]
-        return self._compare_read(batch, data_a, data_b)
+        return data_a, data_b
 
     def _compare_read(
         self, batch: list[Pair], data_a: list[bytes | Exception], data_b: list[bytes | Exception]

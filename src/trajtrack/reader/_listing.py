@@ -89,9 +89,13 @@ async def _listed_and_recorded(
     if early is not None and not early.keys() <= set(segments):
         listed, internal = _split(await storage.list(""))  # sizes that no record vouches for
         segments = [f.path for f in internal if _is_segment(f.path)]
-    read = await gather_bounded(
-        segments, lambda path: _read_segment(storage, path), limit=concurrency
-    )
+    read_first = early or {}
+
+    async def segment(path: str) -> bytes:  # one read first is not read again
+        data = read_first.get(path)
+        return data if data is not None else await _read_segment(storage, path)
+
+    read = await gather_bounded(segments, segment, limit=concurrency)
     return listed, internal, segments, await anyio.to_thread.run_sync(RecordSet.decode, read)
 
 

@@ -4,8 +4,9 @@ One pass over the batch (dump order, so consecutive shard members are mostly nei
 member outside the bytes read last starts a *span*, the run of following members of the same
 shard that lie close together, read with one ``pread`` and sliced; a dump in a file of its own
 is read relative to its directory's descriptor, never through a link leading out of the run
-(:class:`~trajtrack.backends._local_paths.DirectoryReader`). Shards are opened once a batch,
-checked not to lead out of the run either.
+(:class:`~trajtrack.backends._local_paths.DirectoryReader`). Shards are opened checked not
+to lead out of the run either: once a batch, or by a :class:`LocalReader` once for all its
+batches (a run's first 64).
 
 This is per-dump work on the hot path of ``diff`` and ``verify`` (tens of thousands of small
 dumps): no call per member but the slice, the checks of :func:`check_readable` and
@@ -24,7 +25,7 @@ from trajtrack._exceptions import DumpLoadError, StorageError, StoragePermission
 from trajtrack.backends import check_relative
 from trajtrack.backends._local_paths import DirectoryReader, resolve_inside
 from trajtrack.backends.local import translate
-from trajtrack.reader._batch_reads import GAP_MAX, SPAN_MAX, check_readable, whole_member
+from trajtrack.reader._batch_reads import check_readable, span_end, whole_member
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._files import real_root
 
@@ -58,7 +59,8 @@ def read_local(
                 offset = info.offset or 0
                 if shard != shard_at or offset < start or offset + info.size > end:
                     shard_at, start = shard, offset
-                    window = os.pread(reader.shard(info), _span(infos, index) - start, start)
+                    length = span_end(infos, index)[0] - start
+                    window = os.pread(reader.shard(info), length, start)
                     end = start + len(window)
                 data = window[offset - start : offset - start + info.size]
                 append(data if len(data) == info.size else whole_member(info, data))
@@ -69,24 +71,6 @@ def read_local(
     finally:
         reader.close()
     return out
-
-
-def _span(infos: Sequence[DumpInfo], index: int) -> int:
-    """Where the span starting at member *index* ends: past the run of following members of
-    its shard that each start at most :data:`GAP_MAX` after the one before ends, within
-    :data:`SPAN_MAX` of the first."""
-    first = infos[index]
-    start = first.offset or 0
-    end = start + first.size
-    for following in range(index + 1, len(infos)):
-        info = infos[following]
-        offset = info.offset
-        if info.shard != first.shard or info.problem is not None or offset is None:
-            break
-        if not end <= offset <= end + GAP_MAX or offset + info.size - start > SPAN_MAX:
-            break
-        end = offset + info.size
-    return end
 
 
 class _Reader:

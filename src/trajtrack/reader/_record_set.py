@@ -35,7 +35,6 @@ _PATH: Final = 1
 _SIZE: Final = 2
 _TIME: Final = 8
 _SHARD: Final = 9
-_BY_PATH: Final = operator.itemgetter(_PATH)
 
 
 class RecordSet:
