@@ -136,9 +136,14 @@ def bench_latency(quick: bool, scratch: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- throughput
 
 
-async def throughput_tracker(obj: Any, n: int, root: Path, workers: int) -> float:
+async def throughput_tracker(
+    obj: Any, n: int, root: Path, workers: int, writer_process: bool = True
+) -> float:
     start = time.perf_counter()
-    async with Tracker(root, workers=workers, max_pending_bytes=1 << 30) as tracker:
+    options = {"writer_process": writer_process}
+    async with Tracker(
+        root, workers=workers, max_pending_bytes=1 << 30, storage_options=options
+    ) as tracker:
         for i in range(n):
             await tracker.dump(obj, f"d{i}")
         await tracker.flush()
@@ -170,6 +175,7 @@ def throughput_raw_bytes(data: bytes, n: int, root: Path) -> float:
 
 _WRITER_LABELS = {
     "tracker": "trajtrack (4 workers)",
+    "threads": "trajtrack, no writer process",
     "inline": "inline torch.save+rename",
     "raw": "raw write of same bytes",
 }
@@ -190,11 +196,19 @@ def bench_throughput(quick: bool, scratch: Path, rounds: int = 3) -> dict[str, A
         torch.save(obj, buffer)
         data = buffer.getvalue()
         mb = len(data) * n / 1e6
-        kinds = ("inline", "tracker", "raw") if size != "4KB" else ("tracker", "inline")
+        kinds = ("inline", "tracker", "raw") if size != "4KB" else ("tracker", "inline", "threads")
         measured: dict[str, list[float]] = {kind: [] for kind in kinds}
         for round_ in range(rounds):
             for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
-                measured[kind].append(_one_throughput(kind, obj, data, n, scratch / f"tp-{size}"))
+                root = scratch / f"tp-{size}-{kind}-{round_}"
+                measured[kind].append(_one_throughput(kind, obj, data, n, root))
+                if len(data) >= 16 << 20:  # large files: their dirty pages go at once
+                    subprocess.run(["rm", "-rf", str(root)], check=True)
+        # Many small files are deleted only now: ext4 scans the inode table for recently
+        # deleted inodes when it allocates new ones, so thousands of files deleted between two
+        # writers' rounds made the next writer's file creations 2-10x dearer (perf:
+        # recently_deleted; 16-250 us per file here), whichever writer came next.
+        subprocess.run(["rm", "-rf", *map(str, scratch.glob(f"tp-{size}-*"))], check=True)
         times = {kind: statistics.median(seconds) for kind, seconds in measured.items()}
         entry = {
             k: {"seconds": v, "dumps_per_s": n / v, "mb_per_s": mb / v, "rounds": measured[k]}
@@ -218,8 +232,8 @@ def bench_throughput(quick: bool, scratch: Path, rounds: int = 3) -> dict[str, A
                     f"{n / seconds:.0f}",
                     f"{spread[0]:.0f}-{spread[1]:.0f}",
                     f"{mb / seconds:.0f}",
-                    f"{bound / seconds * 100:.0f}%" if kind == "tracker" else "",
-                    f"{times['inline'] / seconds:.2f}x" if kind == "tracker" else "",
+                    f"{bound / seconds * 100:.0f}%" if kind in ("tracker", "threads") else "",
+                    f"{times['inline'] / seconds:.2f}x" if kind in ("tracker", "threads") else "",
                 ]
             )
     print(f"\nEnd-to-end throughput to local disk (until committed), median of {rounds} rounds")
@@ -229,14 +243,11 @@ def bench_throughput(quick: bool, scratch: Path, rounds: int = 3) -> dict[str, A
 
 
 def _one_throughput(kind: str, obj: Any, data: bytes, n: int, root: Path) -> float:
-    try:
-        if kind == "tracker":
-            return asyncio.run(throughput_tracker(obj, n, root, workers=4))
-        if kind == "inline":
-            return throughput_inline(obj, n, root)
-        return throughput_raw_bytes(data, n, root)
-    finally:
-        subprocess.run(["rm", "-rf", str(root)], check=True)
+    if kind in ("tracker", "threads"):
+        return asyncio.run(throughput_tracker(obj, n, root, 4, writer_process=kind == "tracker"))
+    if kind == "inline":
+        return throughput_inline(obj, n, root)
+    return throughput_raw_bytes(data, n, root)
 
 
 # --------------------------------------------------------------------------- event-loop lag

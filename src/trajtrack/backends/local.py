@@ -32,6 +32,7 @@ from trajtrack._exceptions import (
     StorageError,
     StorageNotFoundError,
     StoragePermissionError,
+    StorageUnavailableError,
 )
 from trajtrack.backends._local_paths import is_inside, open_directory, resolve_inside
 from trajtrack.backends._protocol import (
@@ -44,11 +45,15 @@ from trajtrack.backends._protocol import (
     check_relative,
     write_payload_unbuffered,
 )
+from trajtrack.backends._writer_process import Failure, WriterGone, WriterProcess
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
 __all__ = ["LocalStorage", "resolve_inside", "translate", "translated"]
 
 _WRITE_BUFFER = 1 << 20
+PROCESS_MAX_BYTES: Final = 1 << 20
+"""Bytes payloads up to this size go to the writer process; larger ones are written by a
+thread (their ``write`` releases the GIL for long enough not to contend for it)."""
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -76,10 +81,19 @@ class LocalStorage:
             slower).
         file_mode: Permission bits of created files (before the umask).
         dir_mode: Permission bits of created directories (before the umask).
+        writer_process: Write batches of small files in a helper process
+            (:mod:`~trajtrack.backends._writer_process`), so that their system calls take no
+            GIL from the caller's thread. Default: on, unless ``TRAJTRACK_WRITER_PROCESS=0``.
     """
 
     def __init__(
-        self, url: str, *, fsync: bool = False, file_mode: int = 0o644, dir_mode: int = 0o755
+        self,
+        url: str,
+        *,
+        fsync: bool = False,
+        file_mode: int = 0o644,
+        dir_mode: int = 0o755,
+        writer_process: bool | None = None,
     ) -> None:
         if url.startswith("file://"):
             parts = urlsplit(url)
@@ -95,6 +109,9 @@ class LocalStorage:
         self._dir_mode = dir_mode
         self._who = WriterIdentity.current()
         self._real_root: str | None = None
+        if writer_process is None:
+            writer_process = os.environ.get("TRAJTRACK_WRITER_PROCESS", "1").strip() != "0"
+        self._writer = WriterProcess() if writer_process else None
 
     @property
     def url(self) -> str:
@@ -158,20 +175,111 @@ class LocalStorage:
         # The directory of the last file, kept open for the next (dumps of one step share it);
         # one at a time, so that a batch over many directories holds one descriptor, not many.
         directories: dict[tuple[str, ...], int] = {}
+
+        def report(index: int, outcome: WriteResult | Exception) -> None:
+            outcomes.append(outcome)
+            if done is not None:
+                done(index, outcome)
+
         try:
-            for index, (path, payload) in enumerate(items):
+            index = 0
+            while index < len(items):
+                end = self._small_run(items, index)
+                if end > index:
+                    self._write_run(items, index, end, overwrite, directories, report)
+                    index = end
+                    continue
+                path, payload = items[index]
                 outcome: WriteResult | Exception
                 try:
                     outcome = self._write_sync(path, payload, overwrite, directories)
                 except Exception as exc:  # this item's outcome; the others go on
                     outcome = exc
-                outcomes.append(outcome)
-                if done is not None:
-                    done(index, outcome)
+                report(index, outcome)
+                index += 1
         finally:
             for fd in directories.values():
                 os.close(fd)
         return outcomes
+
+    def _small_run(self, items: Sequence[tuple[str, Payload]], start: int) -> int:
+        """The end of the run of small bytes payloads in one directory from *start*, for the
+        writer process (*start* itself when it is off or the item is not one)."""
+        if self._writer is None or not self._writer.usable:
+            return start
+        directory = items[start][0].rpartition("/")[0]
+        end = start
+        for path, payload in items[start:]:
+            if (
+                not isinstance(payload, BytesPayload)
+                or payload.data.nbytes > PROCESS_MAX_BYTES
+                or path.rpartition("/")[0] != directory
+            ):
+                break
+            end += 1
+        return end
+
+    def _write_run(
+        self,
+        items: Sequence[tuple[str, Payload]],
+        start: int,
+        end: int,
+        overwrite: bool,
+        directories: dict[tuple[str, ...], int],
+        report: Callable[[int, WriteResult | Exception], None],
+    ) -> None:
+        """Items *start* to *end* (small bytes, one directory) written by the writer process."""
+        assert self._writer is not None
+        first = check_relative(items[start][0])
+        parents = tuple(first.split("/")[:-1])
+        try:
+            with translated(f"{self._root}/{first}"):
+                directory = self._directory(parents, directories)
+        except StorageError as exc:
+            for index in range(start, end):
+                report(index, exc)
+            return
+        batch = []
+        for path, payload in items[start:end]:
+            name = check_relative(path).rpartition("/")[2]
+            batch.append((temp_path_for(name, self._who), name, payload.data))  # type: ignore[attr-defined]
+
+        def outcome(offset: int, failure: Failure | WriterGone | None) -> None:
+            path, payload = items[start + offset]
+            where = f"{self._root}/{path}"
+            result: WriteResult | Exception
+            if failure is None:
+                result = payload.counted()  # type: ignore[attr-defined]
+            elif isinstance(failure, WriterGone):
+                result = StorageUnavailableError(f"{where}: {failure}")
+            elif failure.exists:
+                result = DumpExistsError(
+                    f"{path.rpartition('/')[2]} exists (existing-name policy 'error'); "
+                    "nothing was overwritten"
+                )
+            else:
+                result = translate(failure.oserror(where), where)
+            report(start + offset, result)
+
+        self._writer.write(
+            directory,
+            batch,
+            overwrite=overwrite,
+            fsync=self._fsync,
+            mode=self._file_mode,
+            report=outcome,
+        )
+
+    def _directory(self, key: tuple[str, ...], directories: dict[tuple[str, ...], int]) -> int:
+        """The descriptor of directory *key*, the one kept in *directories* (at most one)."""
+        directory = directories.get(key)
+        if directory is None:
+            directory = self._open_dir(list(key))
+            for fd in directories.values():
+                os.close(fd)
+            directories.clear()
+            directories[key] = directory
+        return directory
 
     def _write_sync(
         self,
@@ -183,15 +291,10 @@ class LocalStorage:
         *parents, name = check_relative(path).split("/")
         temp = temp_path_for(name, self._who)
         with translated(f"{self._root}/{path}"):
-            key = tuple(parents)
-            directory = None if directories is None else directories.get(key)
-            if directory is None:
+            if directories is None:
                 directory = self._open_dir(parents)
-                if directories is not None:
-                    for fd in directories.values():
-                        os.close(fd)
-                    directories.clear()
-                    directories[key] = directory
+            else:
+                directory = self._directory(tuple(parents), directories)
             try:
                 return self._write_in(directory, temp, name, payload, overwrite)
             finally:
@@ -336,7 +439,8 @@ class LocalStorage:
             os.unlink(self._resolve(path))
 
     async def aclose(self) -> None:
-        return None
+        if self._writer is not None:
+            await anyio.to_thread.run_sync(self._writer.close)
 
     def __repr__(self) -> str:
         return f"LocalStorage({str(self._root)!r})"

@@ -76,6 +76,7 @@ class PendingQueue:
         self._idle = 0  # workers waiting in get()
         self._loop_waiters = 0  # producers waiting in put() for space
         self._wake_scheduled = False  # a cross-thread wake-up is on its way to the loop
+        self._space_wake_scheduled = False  # the same, for producers waiting for space
         self._waker = _Waker(loop, self._set_nonempty)
         # Loop-side wake-ups; replaced after each set so that waiters see fresh events.
         self._nonempty = asyncio.Event()
@@ -311,19 +312,28 @@ class PendingQueue:
         event.set()
 
     def _wake_space_waiters(self) -> None:
+        in_loop = self._in_loop()
         with self._lock:
             self._space.notify_all()
-            waiting = self._loop_waiters > 0
-        if not waiting:
-            # Nobody waits on the loop: no wake-up (from a writer thread, each one is a write
-            # to the loop's self-pipe, per finished dump).
-            return
-        if self._in_loop():
+            # Nobody waits on the loop, or a wake-up is on its way (it sets the event current
+            # when it runs, which every waiter registered until then holds): none sent. From
+            # a writer thread each one is a write to the loop's self-pipe, per finished dump.
+            if self._loop_waiters == 0 or (self._space_wake_scheduled and not in_loop):
+                return
+            if not in_loop:
+                self._space_wake_scheduled = True
+        if in_loop:
             self._set_space_freed()
-        elif not self._loop.is_closed():
+            return
+        try:
             self._loop.call_soon_threadsafe(self._set_space_freed)
+        except RuntimeError:  # the loop is closed: nobody left to wake
+            with self._lock:
+                self._space_wake_scheduled = False
 
     def _set_space_freed(self) -> None:
+        with self._lock:
+            self._space_wake_scheduled = False
         event, self._space_freed = self._space_freed, asyncio.Event()
         event.set()
 

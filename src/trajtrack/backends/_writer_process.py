@@ -1,0 +1,262 @@
+"""A writer process for batches of small files, so that writing them takes no GIL from the caller.
+
+Why: a 4 KB dump costs a local disk four system calls (create, write, close, rename), and a
+worker thread releases and takes back the GIL around each of them. While the caller's thread
+runs Python (an ``await dump`` loop, a rollouter), every take-back waits for that thread to let
+go: measured here, 20,000 4 KB dumps cost the caller 65 us each and a worker thread 53 us each
+when the two run one after the other, but 180-240 us each together -- slower than writing
+inline (benchmarks/README.md, tenth pass). Background *threads* contending with the trainer for
+the GIL is what moved PyTorch's async checkpointing to a process too.
+
+So a :class:`~trajtrack.backends.local.LocalStorage` hands a batch of small files (bytes
+already serialized) to one helper process, started on first use: ``python -I -S
+_writer_child.py`` (the standard library only; no torch, no trajtrack import, started in
+milliseconds). A batch costs the tracker's process one ``sendmsg`` and a few ``recv``\\ s; the
+helper does the system calls on the other core.
+
+What stays as it was:
+
+* Containment: the parent opens each directory (:func:`open_directory`: never through a link
+  leading out of the destination) and passes the descriptor with the batch (``SCM_RIGHTS``);
+  the helper creates files only relative to it, with ``O_EXCL | O_NOFOLLOW``.
+* Atomicity and errors: the helper writes each file exactly as the thread path does
+  (temporary name, then rename or link); each file's outcome comes back as soon as it is
+  known, with the ``errno`` of what failed, and becomes the same typed error.
+* Failure of the helper itself: a helper that cannot start, or exits, fails only the files it
+  had not reported (as a retryable :class:`StorageUnavailableError`: the tracker retries them,
+  one by one, on the thread path); the next batch starts a new helper. After
+  :data:`MAX_STARTS` failed or lost helpers the storage writes on threads only.
+* Lifetime: the helper exits when its socket closes: the storage closed (``aclose``), the
+  process exited or was killed. A fork child does not inherit the helper (it starts its own).
+
+Off by default where it cannot help: large files (their writes release the GIL for long) and
+every other payload kind go through threads, as before. ``TRAJTRACK_WRITER_PROCESS=0`` (or
+``LocalStorage(..., writer_process=False)``) turns it off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from trajtrack.backends import _writer_child as child
+
+__all__ = ["MAX_STARTS", "Failure", "WriterGone", "WriterProcess"]
+
+logger = logging.getLogger("trajtrack")
+
+MAX_STARTS: Final = 3
+"""Helpers started (or found gone) before a storage gives up on them and uses threads only."""
+STOP_TIMEOUT: Final = 10.0
+"""Seconds :meth:`WriterProcess.close` waits for the helper to finish before killing it."""
+_CHILD: Final = child.__file__
+
+
+class Failure:
+    """A file the helper could not write: which step failed (``"creating"``...), and ``errno``."""
+
+    __slots__ = ("error", "exists", "operation")
+
+    def __init__(self, operation: int, error: int) -> None:
+        self.operation = child.OPERATIONS.get(operation, "writing")
+        self.exists = operation == child.OP_EXISTS
+        self.error = error
+
+    def oserror(self, where: str) -> OSError:
+        return OSError(self.error, os.strerror(self.error), where)
+
+
+class WriterGone(Exception):
+    """The helper could not be started, or exited before reporting a file."""
+
+
+Report = Callable[[int, "Failure | WriterGone | None"], None]
+"""``report(index, outcome)``: None for a file written."""
+
+
+class WriterProcess:
+    """One helper process, shared by a storage's worker threads (one batch at a time)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._starts = 0
+        self._closed = False
+        _LIVE.add(self)
+
+    @property
+    def usable(self) -> bool:
+        """False once closed, or after :data:`MAX_STARTS` helpers failed."""
+        return not self._closed and self._starts < MAX_STARTS
+
+    def write(
+        self,
+        directory: int,
+        items: Sequence[tuple[str, str, memoryview]],
+        *,
+        overwrite: bool,
+        fsync: bool,
+        mode: int,
+        report: Report,
+    ) -> None:
+        """Write *items* (``(temporary name, final name, data)``) in *directory* (a descriptor,
+        which stays the caller's); ``report(index, outcome)`` for each, in order, as it ends."""
+        frame = _frame(items, overwrite=overwrite, fsync=fsync, mode=mode)
+        reported = [0]
+
+        def counted(index: int, outcome: Failure | WriterGone | None) -> None:
+            reported[0] = index + 1
+            report(index, outcome)
+
+        with self._lock:
+            try:
+                sock = self._connected()
+                sent = socket.send_fds(sock, [frame], [directory])
+                if sent < len(frame):
+                    sock.sendall(memoryview(frame)[sent:])
+                _results(sock, len(items), counted)
+            except (OSError, WriterGone) as exc:
+                self._lost(exc)
+            for index in range(reported[0], len(items)):
+                report(index, WriterGone("the writer process exited before writing this file"))
+
+    def _connected(self) -> socket.socket:
+        if self._closed:
+            raise WriterGone("the storage is closed")
+        if self._sock is not None:
+            return self._sock
+        if self._starts >= MAX_STARTS:
+            raise WriterGone("the writer process failed too often")
+        self._starts += 1
+        _reap_orphans()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", _CHILD, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,  # out of the terminal's process group: no Ctrl-C
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._sock = ours
+        return ours
+
+    def _lost(self, exc: BaseException) -> None:
+        logger.warning("trajtrack: the writer process failed (%s); files go through threads", exc)
+        self._drop(kill=True)
+        if self._starts >= MAX_STARTS:
+            logger.warning("trajtrack: writer process given up after %d starts", MAX_STARTS)
+
+    def _drop(self, *, kill: bool, timeout: float = STOP_TIMEOUT) -> None:
+        sock, process = self._sock, self._process
+        self._sock = self._process = None
+        if sock is not None:
+            sock.close()  # the helper sees the end and exits
+        if process is not None:
+            if kill:
+                process.kill()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                logger.warning("trajtrack: the writer process did not exit in %.0f s", timeout)
+                process.kill()
+                process.wait()
+
+    def close(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Let the helper finish and exit (killed after *timeout* seconds); later writes fail."""
+        with self._lock:
+            self._closed = True
+            self._drop(kill=False, timeout=timeout)
+        _LIVE.discard(self)
+
+    def __del__(self) -> None:
+        # A storage dropped without aclose(): the helper sees its socket close and exits
+        # (nothing is in flight: a batch holds a reference). Reaped later, without waiting
+        # here: this may run on an event loop's thread.
+        sock, process = getattr(self, "_sock", None), getattr(self, "_process", None)
+        if sock is not None:
+            sock.close()
+        if process is not None and process.poll() is None:
+            _ORPHANS.append(process)
+
+    def _forget_after_fork(self) -> None:
+        # In a fork child: the socket is the parent's helper's; close our copy, start anew.
+        self._lock = threading.Lock()
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._process = None
+
+
+def _frame(
+    items: Sequence[tuple[str, str, memoryview]], *, overwrite: bool, fsync: bool, mode: int
+) -> bytes:
+    parts: list[bytes | memoryview] = [b""]
+    pack = child.ITEM.pack
+    length = 0
+    for temp, name, data in items:
+        temp_b, name_b = temp.encode(), name.encode()
+        head = pack(len(temp_b), len(name_b), data.nbytes)
+        parts += (head, temp_b, name_b, data)
+        length += len(head) + len(temp_b) + len(name_b) + data.nbytes
+    flags = (child.OVERWRITE if overwrite else 0) | (child.FSYNC if fsync else 0)
+    parts[0] = child.HEADER.pack(len(items), flags, mode, length)
+    return b"".join(parts)
+
+
+def _results(sock: socket.socket, count: int, report: Report) -> None:
+    """Read *count* results, reporting each as it comes."""
+    size = child.RESULT.size
+    pending = b""
+    reported = 0
+    while reported < count:
+        chunk = sock.recv(size * (count - reported) - len(pending))
+        if not chunk:
+            raise WriterGone("the writer process exited")
+        pending += chunk
+        whole = len(pending) - len(pending) % size
+        for offset in range(0, whole, size):
+            status, operation, error = child.RESULT.unpack_from(pending, offset)
+            report(reported, None if status == child.WRITTEN else Failure(operation, error))
+            reported += 1
+        pending = pending[whole:]
+
+
+_LIVE: Final[weakref.WeakSet[WriterProcess]] = weakref.WeakSet()
+_ORPHANS: Final[list[subprocess.Popen[bytes]]] = []  # helpers of storages dropped unclosed
+
+
+def _reap_orphans() -> None:
+    for process in list(_ORPHANS):
+        if process.poll() is not None:
+            _ORPHANS.remove(process)
+
+
+@atexit.register
+def _reap_orphans_at_exit() -> None:
+    for process in _ORPHANS:
+        try:
+            process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _after_fork_in_child() -> None:
+    for writer in list(_LIVE):
+        writer._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
