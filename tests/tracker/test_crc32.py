@@ -41,3 +41,8 @@ def test_crc32_big_is_zlibs() -> None:
     data = random.Random(2).randbytes(100_003)
     assert crc32_big(data) == zlib.crc32(data)
     assert crc32_big(memoryview(data)[7:]) == zlib.crc32(data[7:])
+
+
+def test_crc32_big_is_isa_ls_where_isal_is_installed() -> None:
+    isal_zlib = pytest.importorskip("isal.isal_zlib")
+    assert crc32_big is isal_zlib.crc32
