@@ -202,7 +202,7 @@ def bench_throughput(quick: bool, scratch: Path, rounds: int = 3) -> dict[str, A
             for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
                 root = scratch / f"tp-{size}-{kind}-{round_}"
                 measured[kind].append(_one_throughput(kind, obj, data, n, root))
-                if len(data) >= 16 << 20:  # large files: their dirty pages go at once
+                if len(data) > 64 << 10:  # larger files: their dirty pages go at once
                     subprocess.run(["rm", "-rf", str(root)], check=True)
         # Many small files are deleted only now: ext4 scans the inode table for recently
         # deleted inodes when it allocates new ones, so thousands of files deleted between two
