@@ -33,9 +33,13 @@ def say(line: str) -> None:
 
 
 class SlowLocalStorage(LocalStorage):
-    """The local backend with a fixed delay per write, so that dumps stay pending for a while."""
+    """The local backend with a fixed delay per write, so that dumps stay pending for a while
+    (on threads: the writer process would write small files without the delay)."""
 
     delay = 0.01
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **{**options, "writer_process": False})
 
     def _write_sync(self, path: str, payload: Any, overwrite: bool, *rest: Any) -> Any:
         time.sleep(self.delay)
@@ -72,7 +76,10 @@ class _ThrottledPayload:
 
 
 class ThrottledLocalStorage(LocalStorage):
-    """The local backend writing at a slow disk's pace, so uploads are often mid-write."""
+    """The local backend writing at a slow disk's pace, so uploads are often mid-write.
+
+    Batches of small files go to the writer process, unthrottled: the kills land on both paths.
+    """
 
     def _write_temp(self, directory: int, temp: str, payload: Any) -> Any:
         return super()._write_temp(directory, temp, _ThrottledPayload(payload))

@@ -175,6 +175,9 @@ class _Unpicklable:
 
 
 class _Failing(LocalStorage):
+    def __init__(self, url: str, **options: Any) -> None:  # the fault is on the thread path
+        super().__init__(url, **{**options, "writer_process": False})
+
     def _write_temp(self, directory: int, temp: str, payload: Any) -> Any:
         raise OSError(28, "No space left on device", temp)
 
