@@ -264,3 +264,56 @@ async def test_a_storage_dropped_unclosed_lets_its_helper_go(tmp_path: Path) -> 
     assert await anyio.to_thread.run_sync(helper.wait, 10) == 0
     writer_process._reap_orphans()
     assert helper not in writer_process._ORPHANS
+
+
+async def test_a_helper_that_does_not_answer_is_killed_after_the_reply_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_process, "REPLY_TIMEOUT", 0.5)
+    storage = await _storage(tmp_path / "dest")
+    await storage.write_atomic_many([("a.pth", BytesPayload(b"a"))], overwrite=True)
+    stuck = _helper(storage)
+    stuck.send_signal(signal.SIGSTOP)  # a helper stuck on a hung disk
+    try:
+        (late,) = await storage.write_atomic_many([("b.pth", BytesPayload(b"b"))], overwrite=True)
+        assert isinstance(late, StorageUnavailableError) and late.retryable
+        assert "timed out" in str(late)
+        assert stuck.poll() == -signal.SIGKILL
+    finally:
+        if stuck.poll() is None:
+            stuck.kill()
+    assert await storage.write_atomic_many([("c.pth", BytesPayload(b"c"))], overwrite=True) == [
+        WriteResult(1, checksum_of(b"c"))
+    ]
+    await storage.aclose()
+
+
+def test_a_report_that_raises_leaves_no_unread_answers_behind(tmp_path: Path) -> None:
+    writer = writer_process.WriterProcess()
+    directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    # Enough files that the helper is still answering when the first answer's report raises.
+    items = [(f".t{i}", f"f{i}", memoryview(b"x" * 100)) for i in range(3000)]
+    (tmp_path / "adir").mkdir()
+
+    def raising(index: int, outcome: object) -> None:
+        raise RuntimeError("a callback bug")
+
+    try:
+        with pytest.raises(RuntimeError, match="callback bug"):
+            writer.write(directory, items, overwrite=True, fsync=False, mode=0o644, report=raising)
+        seen: list[tuple[int, object]] = []
+        again = [(".u", "adir", memoryview(b"yy"))]  # fails: a directory is in the way
+        writer.write(
+            directory,
+            again,
+            overwrite=True,
+            fsync=False,
+            mode=0o644,
+            report=lambda i, o: seen.append((i, o)),
+        )
+        # its own answer, not a "written" left over from the batch before
+        ((index, outcome),) = seen
+        assert index == 0 and isinstance(outcome, writer_process.Failure)
+    finally:
+        writer.close()
+        os.close(directory)

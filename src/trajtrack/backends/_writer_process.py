@@ -49,12 +49,15 @@ from typing import Final
 
 from trajtrack.backends import _writer_child as child
 
-__all__ = ["MAX_STARTS", "Failure", "WriterGone", "WriterProcess"]
+__all__ = ["MAX_STARTS", "REPLY_TIMEOUT", "Failure", "WriterGone", "WriterProcess"]
 
 logger = logging.getLogger("trajtrack")
 
 MAX_STARTS: Final = 3
 """Helpers started (or found gone) before a storage gives up on them and uses threads only."""
+REPLY_TIMEOUT: Final = 300.0
+"""Seconds a batch may wait for the helper to take it or to answer; then the helper is killed
+and its unreported files fail as retryable (the tracker retries them on threads)."""
 STOP_TIMEOUT: Final = 10.0
 """Seconds :meth:`WriterProcess.close` waits for the helper to finish before killing it."""
 _CHILD: Final = child.__file__
@@ -118,16 +121,23 @@ class WriterProcess:
             report(index, outcome)
 
         with self._lock:
+            lost: str | None = None
             try:
                 sock = self._connected()
                 sent = socket.send_fds(sock, [frame], [directory])
                 if sent < len(frame):
                     sock.sendall(memoryview(frame)[sent:])
                 _results(sock, len(items), counted)
-            except (OSError, WriterGone) as exc:
+            except (OSError, WriterGone) as exc:  # TimeoutError included: REPLY_TIMEOUT
+                lost = str(exc) or type(exc).__name__
                 self._lost(exc)
+            except BaseException:
+                # A report callback raised: the helper's answers to this batch may be unread,
+                # so it cannot serve the next one.
+                self._drop(kill=True)
+                raise
             for index in range(reported[0], len(items)):
-                report(index, WriterGone("the writer process exited before writing this file"))
+                report(index, WriterGone(f"the writer process did not write this file ({lost})"))
 
     def _connected(self) -> socket.socket:
         if self._closed:
@@ -152,6 +162,7 @@ class WriterProcess:
             raise
         finally:
             theirs.close()
+        ours.settimeout(REPLY_TIMEOUT)
         self._sock = ours
         return ours
 
