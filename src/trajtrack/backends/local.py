@@ -6,7 +6,10 @@ existing-name policy forbids overwriting, which fails atomically if the name exi
 never sees a partial file under a final name, even after ``kill -9``.
 
 Each write is one worker-thread hop that serializes straight into the temporary file: no
-intermediate copy of the bytes, and the GIL is released during every ``write`` syscall.
+intermediate copy of the bytes, and the GIL is released during every ``write`` syscall. A batch
+of small bytes payloads is written instead by the writer process
+(:mod:`~trajtrack.backends._writer_process`): a thread's four system calls per small file each
+had to take the GIL back from the caller's Python.
 A read is one worker-thread hop too: open, read the whole file (sized by ``fstat``, one
 allocation), close.
 """
@@ -253,10 +256,7 @@ class LocalStorage:
             elif isinstance(failure, WriterGone):
                 result = StorageUnavailableError(f"{where}: {failure}")
             elif failure.exists:
-                result = DumpExistsError(
-                    f"{path.rpartition('/')[2]} exists (existing-name policy 'error'); "
-                    "nothing was overwritten"
-                )
+                result = _exists(path.rpartition("/")[2])
             else:
                 result = translate(failure.oserror(where), where)
             report(start + offset, result)
@@ -350,9 +350,7 @@ class LocalStorage:
             # atomic: fails if `name` exists (a symbolic link included: never followed)
             os.link(temp, name, src_dir_fd=directory, dst_dir_fd=directory, follow_symlinks=False)
         except FileExistsError:
-            raise DumpExistsError(
-                f"{name} exists (existing-name policy 'error'); nothing was overwritten"
-            ) from None
+            raise _exists(name) from None
         os.unlink(temp, dir_fd=directory)
 
     async def read(self, path: str) -> bytes:
@@ -444,6 +442,11 @@ class LocalStorage:
 
     def __repr__(self) -> str:
         return f"LocalStorage({str(self._root)!r})"
+
+
+def _exists(name: str) -> DumpExistsError:
+    """A file published without overwriting found *name* taken (thread or writer process)."""
+    return DumpExistsError(f"{name} exists (existing-name policy 'error'); nothing was overwritten")
 
 
 def _write_all(fd: int, data: memoryview) -> None:

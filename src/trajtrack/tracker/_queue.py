@@ -312,19 +312,21 @@ class PendingQueue:
         event.set()
 
     def _wake_space_waiters(self) -> None:
-        in_loop = self._in_loop()
         with self._lock:
             self._space.notify_all()
-            # Nobody waits on the loop, or a wake-up is on its way (it sets the event current
-            # when it runs, which every waiter registered until then holds): none sent. From
-            # a writer thread each one is a write to the loop's self-pipe, per finished dump.
-            if self._loop_waiters == 0 or (self._space_wake_scheduled and not in_loop):
+            if self._loop_waiters == 0:
+                # Nobody waits on the loop: no wake-up (from a writer thread, each one is a
+                # write to the loop's self-pipe, per finished dump).
                 return
-            if not in_loop:
-                self._space_wake_scheduled = True
-        if in_loop:
+        if self._in_loop():
             self._set_space_freed()
             return
+        with self._lock:
+            # A wake-up on its way sets the event current when it runs, which every waiter
+            # registered until then holds: one per batch of finished dumps, not one each.
+            if self._space_wake_scheduled:
+                return
+            self._space_wake_scheduled = True
         try:
             self._loop.call_soon_threadsafe(self._set_space_freed)
         except RuntimeError:  # the loop is closed: nobody left to wake
