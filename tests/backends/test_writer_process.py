@@ -317,3 +317,27 @@ def test_a_report_that_raises_leaves_no_unread_answers_behind(tmp_path: Path) ->
     finally:
         writer.close()
         os.close(directory)
+
+
+def test_a_batch_after_close_fails_its_files_without_blaming_a_helper(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = writer_process.WriterProcess()
+    writer.close()
+    directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    seen: list[object] = []
+    try:
+        writer.write(
+            directory,
+            [(".t", "f", memoryview(b"x"))],
+            overwrite=True,
+            fsync=False,
+            mode=0o644,
+            report=lambda i, o: seen.append(o),
+        )
+    finally:
+        os.close(directory)
+    ((outcome,),) = [seen]
+    assert isinstance(outcome, writer_process.WriterGone) and "closed" in str(outcome)
+    assert "failed" not in caplog.text
+    assert not (tmp_path / "f").exists()

@@ -130,7 +130,8 @@ class WriterProcess:
                 _results(sock, len(items), counted)
             except (OSError, WriterGone) as exc:  # TimeoutError included: REPLY_TIMEOUT
                 lost = str(exc) or type(exc).__name__
-                self._lost(exc)
+                if not self._closed:  # a batch that raced close(): no helper failed
+                    self._lost(exc)
             except BaseException:
                 # A report callback raised: the helper's answers to this batch may be unread,
                 # so it cannot serve the next one.
