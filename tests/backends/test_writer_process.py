@@ -198,10 +198,17 @@ def test_the_helper_exits_when_its_process_is_killed(tmp_path: Path) -> None:
         asyncio.run(main())
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr
+    # stderr to a file: the helper inherits it, and a pipe would make run() wait for the
+    # helper too, which would hide one that outlives its parent.
+    with open(tmp_path / "stderr", "w") as stderr:
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == -signal.SIGKILL, (tmp_path / "stderr").read_text()
     helper = int(done.stdout.split()[0])
     deadline = time.monotonic() + 10
     while _alive(helper) and time.monotonic() < deadline:
