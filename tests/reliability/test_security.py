@@ -87,18 +87,20 @@ def test_no_shell_and_no_subprocess_anywhere_in_the_package() -> None:
 
 
 def _fixed_helper(call: ast.Call) -> bool:
-    """``subprocess.Popen([sys.executable, "-I", "-S", _CHILD, str(<fd>)], ...)``: the
-    interpreter running, isolated, on the helper's own file, its socket's number: nothing from
-    a dump's name or data."""
+    """``subprocess.Popen([sys.executable, "-I", "-S", _CHILD, str(<fd>), str(<arena fd>),
+    str(<arena size>)], ...)``: the interpreter running, isolated, on the helper's own file,
+    with three numbers: nothing from a dump's name or data."""
     if _dotted(call.func) != "subprocess.Popen" or not call.args:
         return False
     argv = call.args[0]
-    if not isinstance(argv, ast.List) or len(argv.elts) != 5:
+    if not isinstance(argv, ast.List) or len(argv.elts) != 7:
         return False
     head = [_dotted(e) if not isinstance(e, ast.Constant) else e.value for e in argv.elts[:4]]
-    last = argv.elts[4]
-    number = isinstance(last, ast.Call) and _dotted(last.func) == "str"
-    return head == ["sys.executable", "-I", "-S", "_CHILD"] and number
+    numbers = all(
+        isinstance(e, ast.Call) and _dotted(e.func) == "str" and len(e.args) == 1
+        for e in argv.elts[4:]
+    )
+    return head == ["sys.executable", "-I", "-S", "_CHILD"] and numbers
 
 
 def test_the_writer_helper_runs_its_own_file() -> None:

@@ -1,14 +1,16 @@
 """The writer process: writes small files for a :class:`~trajtrack.backends.local.LocalStorage`.
 
-Run as a script (``python -I -S _writer_child.py FD``), never imported by it: it needs nothing
-but the standard library, so it starts in milliseconds and holds no GIL that the tracker's
-process needs. See :mod:`trajtrack.backends._writer_process` for why it exists and for the
-protocol, which is all this file knows:
+Run as a script (``python -I -S _writer_child.py FD ARENA_FD ARENA_SIZE``), never imported by
+it: it needs nothing but the standard library, so it starts in milliseconds and holds no GIL
+that the tracker's process needs. See :mod:`trajtrack.backends._writer_process` for why it
+exists and for the protocol, which is all this file knows:
 
 * a *frame* from the parent: a header (:data:`HEADER`: item count, flags, file mode, body
   length) sent with one directory descriptor (``SCM_RIGHTS``), then the body: per item
-  :data:`ITEM` (temporary name length, final name length, data length), the two names (UTF-8)
-  and the data;
+  :data:`ITEM` (temporary name length, final name length, data length, arena offset), the two
+  names (UTF-8) and the data -- or, when the offset is not :data:`INLINE`, no data: it is in
+  the staging arena (:mod:`~trajtrack.backends._staging`, a ``memfd`` inherited as
+  ``ARENA_FD``, -1 for none), at that offset;
 * per item one :data:`RESULT` back: status (0 written, 1 failed), the operation that failed,
   its ``errno``; those of a frame together, or what is done every :data:`REPORT_EVERY`
   seconds when the disk is slow.
@@ -28,6 +30,8 @@ has flushed.
 from __future__ import annotations
 
 import contextlib
+import errno
+import mmap
 import os
 import signal
 import socket
@@ -38,8 +42,10 @@ from typing import Final
 
 HEADER: Final = struct.Struct("<IIIQ")
 """Item count, flags (:data:`OVERWRITE`, :data:`FSYNC`), file mode, body length."""
-ITEM: Final = struct.Struct("<HHI")
-"""Temporary name length, final name length, data length (both names UTF-8)."""
+ITEM: Final = struct.Struct("<HHIQ")
+"""Temporary name length, final name length, data length, arena offset (:data:`INLINE`: the
+data follows the names)."""
+INLINE: Final = (1 << 64) - 1
 RESULT: Final = struct.Struct("<BBi")
 """Status (:data:`WRITTEN` or :data:`FAILED`), operation (``OP_*``), ``errno``."""
 
@@ -140,7 +146,17 @@ def _write_one(
         raise _Failed(operation, exc.errno or 0) from None
 
 
-def _serve(sock: socket.socket) -> None:
+def _arena(fd: int, size: int) -> memoryview:
+    """The staging arena's pages, read-only (empty without one)."""
+    if fd < 0 or size <= 0:
+        return memoryview(b"")
+    try:
+        return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ))
+    finally:
+        os.close(fd)  # the mapping stays
+
+
+def _serve(sock: socket.socket, arena: memoryview) -> None:
     while (frame := _frame(sock)) is not None:
         (count, flags, mode, _length), directory, body = frame
         offset = 0
@@ -148,15 +164,20 @@ def _serve(sock: socket.socket) -> None:
         since = time.monotonic()
         try:
             for _ in range(count):
-                temp_len, name_len, data_len = ITEM.unpack_from(body, offset)
+                temp_len, name_len, data_len, where = ITEM.unpack_from(body, offset)
                 offset += ITEM.size
                 temp = str(body[offset : offset + temp_len], "utf-8")
                 offset += temp_len
                 name = str(body[offset : offset + name_len], "utf-8")
                 offset += name_len
-                data = body[offset : offset + data_len]
-                offset += data_len
+                if where == INLINE:
+                    data = body[offset : offset + data_len]
+                    offset += data_len
+                else:
+                    data = arena[where : where + data_len]
                 try:
+                    if len(data) != data_len:  # outside the arena: refused, nothing written
+                        raise _Failed(OP_WRITE, errno.EFAULT)
                     _write_one(directory, temp, name, data, flags, mode)
                     result = RESULT.pack(WRITTEN, 0, 0)
                 except _Failed as failed:
@@ -175,8 +196,9 @@ def _serve(sock: socket.socket) -> None:
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gone = contextlib.suppress(BrokenPipeError, ConnectionResetError)  # the parent is gone
+    arena = _arena(int(argv[2]), int(argv[3]))
     with socket.socket(fileno=int(argv[1])) as sock, gone:
-        _serve(sock)
+        _serve(sock, arena)
     return 0
 
 

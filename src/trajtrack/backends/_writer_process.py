@@ -29,8 +29,11 @@ What stays as it was:
 * Lifetime: the helper exits when its socket closes: the storage closed (``aclose``), the
   process exited or was killed. A fork child does not inherit the helper (it starts its own).
 
-Off by default where it cannot help: large files (their writes release the GIL for long) and
-every other payload kind go through threads, as before. ``TRAJTRACK_WRITER_PROCESS=0`` (or
+Mid-size dumps (above 64 KiB, up to the tracker's ``inline_snapshot_bytes``) reach it
+without being copied into the socket: ``dump()`` serializes them into the staging arena, shared
+memory the helper maps (:mod:`~trajtrack.backends._staging`), and a batch names their offsets.
+Large files (their writes release the GIL for long) and every other payload kind go through
+threads, as before. ``TRAJTRACK_WRITER_PROCESS=0`` (or
 ``LocalStorage(..., writer_process=False)``) turns it off.
 """
 
@@ -48,6 +51,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from trajtrack.backends import _writer_child as child
+from trajtrack.backends._staging import Arena, Block, StagedPayload, Staging, make_arena
 
 __all__ = ["MAX_STARTS", "REPLY_TIMEOUT", "Failure", "WriterGone", "WriterProcess"]
 
@@ -94,6 +98,7 @@ class WriterProcess:
         self._process: subprocess.Popen[bytes] | None = None
         self._starts = 0
         self._closed = False
+        self._arena: Arena | None = make_arena()
         _LIVE.add(self)
 
     @property
@@ -101,18 +106,33 @@ class WriterProcess:
         """False once closed, or after :data:`MAX_STARTS` helpers failed."""
         return not self._closed and self._starts < MAX_STARTS
 
+    def staging(self) -> Staging | None:
+        """Blocks of this process's staging arena for the tracker; None without an arena."""
+        if self._arena is None:
+            return None
+        return Staging(self._arena, lambda: self.usable)
+
+    def holds(self, payload: object) -> bool:
+        """Whether *payload* is staged in this process's arena (the helper can read it)."""
+        return (
+            isinstance(payload, StagedPayload)
+            and payload.block.arena is self._arena
+            and payload.block.held
+        )
+
     def write(
         self,
         directory: int,
-        items: Sequence[tuple[str, str, memoryview]],
+        items: Sequence[tuple[str, str, memoryview | Block]],
         *,
         overwrite: bool,
         fsync: bool,
         mode: int,
         report: Report,
     ) -> None:
-        """Write *items* (``(temporary name, final name, data)``) in *directory* (a descriptor,
-        which stays the caller's); ``report(index, outcome)`` for each, in order, as it ends."""
+        """Write *items* (``(temporary name, final name, data)``; data: bytes, or a block of
+        the arena) in *directory* (a descriptor, which stays the caller's);
+        ``report(index, outcome)`` for each, in order, as it ends."""
         frame = _frame(items, overwrite=overwrite, fsync=fsync, mode=mode)
         reported = [0]
 
@@ -150,10 +170,21 @@ class WriterProcess:
         self._starts += 1
         _reap_orphans()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        arena = self._arena
+        arena_fd, arena_size = (-1, 0) if arena is None else (arena.fd, arena.size)
+        inherited = [theirs.fileno()] + ([arena_fd] if arena_fd >= 0 else [])
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-I", "-S", _CHILD, str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    _CHILD,
+                    str(inherited[0]),
+                    str(arena_fd),
+                    str(arena_size),
+                ],
+                pass_fds=inherited,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 start_new_session=True,  # out of the terminal's process group: no Ctrl-C
@@ -193,6 +224,9 @@ class WriterProcess:
         with self._lock:
             self._closed = True
             self._drop(kill=False, timeout=timeout)
+            if self._arena is not None:
+                self._arena.trim()  # blocks still held (failed dumps) keep their pages
+                self._arena.close()
         _LIVE.discard(self)
 
     def __del__(self) -> None:
@@ -211,17 +245,30 @@ class WriterProcess:
         if self._sock is not None:
             self._sock.close()
         self._sock = self._process = None
+        # The arena's pages are shared with the parent: this process gets its own.
+        if self._arena is not None:
+            self._arena.close()
+        self._arena = make_arena()
 
 
 def _frame(
-    items: Sequence[tuple[str, str, memoryview]], *, overwrite: bool, fsync: bool, mode: int
+    items: Sequence[tuple[str, str, memoryview | Block]],
+    *,
+    overwrite: bool,
+    fsync: bool,
+    mode: int,
 ) -> bytes:
     parts: list[bytes | memoryview] = [b""]
     pack = child.ITEM.pack
     length = 0
     for temp, name, data in items:
         temp_b, name_b = temp.encode(), name.encode()
-        head = pack(len(temp_b), len(name_b), data.nbytes)
+        if isinstance(data, Block):  # in the arena: the helper reads it there
+            head = pack(len(temp_b), len(name_b), data.nbytes, data.offset)
+            parts += (head, temp_b, name_b)
+            length += len(head) + len(temp_b) + len(name_b)
+            continue
+        head = pack(len(temp_b), len(name_b), data.nbytes, child.INLINE)
         parts += (head, temp_b, name_b, data)
         length += len(head) + len(temp_b) + len(name_b) + data.nbytes
     flags = (child.OVERWRITE if overwrite else 0) | (child.FSYNC if fsync else 0)

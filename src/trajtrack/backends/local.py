@@ -48,6 +48,7 @@ from trajtrack.backends._protocol import (
     check_relative,
     write_payload_unbuffered,
 )
+from trajtrack.backends._staging import Block, Staging
 from trajtrack.backends._writer_process import Failure, WriterGone, WriterProcess
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
@@ -159,8 +160,21 @@ class LocalStorage:
             create=self._dir_mode if mode is None else mode,
         )
 
+    def staging(self) -> Staging | None:
+        """Shared memory for dumps that the writer process will write
+        (:mod:`~trajtrack.backends._staging`); None without a writer process."""
+        return None if self._writer is None else self._writer.staging()
+
     async def write_atomic(self, path: str, payload: Payload, *, overwrite: bool) -> WriteResult:
+        if self._writer is not None and self._writer.holds(payload):
+            return await anyio.to_thread.run_sync(self._write_one_staged, path, payload, overwrite)
         return await anyio.to_thread.run_sync(self._write_sync, path, payload, overwrite)
+
+    def _write_one_staged(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
+        (outcome,) = self._write_many_sync([(path, payload)], overwrite, None)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     async def write_atomic_many(
         self,
@@ -215,7 +229,7 @@ class LocalStorage:
         for path, payload in items[start:]:
             if (
                 not isinstance(payload, BytesPayload)
-                or payload.data.nbytes > PROCESS_MAX_BYTES
+                or (payload.data.nbytes > PROCESS_MAX_BYTES and not self._writer.holds(payload))
                 or path.rpartition("/")[0] != directory
             ):
                 break
@@ -242,10 +256,11 @@ class LocalStorage:
             for index in range(start, end):
                 report(index, exc)
             return
-        batch = []
+        batch: builtins.list[tuple[str, str, memoryview | Block]] = []
         for path, payload in items[start:end]:
             name = check_relative(path).rpartition("/")[2]
-            batch.append((temp_path_for(name, self._who), name, payload.data))  # type: ignore[attr-defined]
+            data = payload.block if self._writer.holds(payload) else payload.data  # type: ignore[attr-defined]
+            batch.append((temp_path_for(name, self._who), name, data))
 
         def outcome(offset: int, failure: Failure | WriterGone | None) -> None:
             path, payload = items[start + offset]

@@ -234,24 +234,28 @@ class PendingQueue:
                     self._pending_items -= 1
         self._wake_space_waiters()
 
-    async def get_batch(self, max_items: int, max_bytes: int) -> list[Job]:
+    async def get_batch(
+        self, max_items: int, max_bytes: int, cost: Callable[[Job], int] | None = None
+    ) -> list[Job]:
         """The next job, waiting, plus what is already queued behind it, within the limits.
 
         Empty once the queue is closed and empty. A batch never waits for more jobs: it takes
-        what is there (one thread hop for many small dumps).
+        what is there (one thread hop for many small dumps). *cost*: what a job counts
+        against *max_bytes* (default: its size).
         """
         first = await self.get()
         if first is None:
             return []
+        size = cost or _size
         batch = [first]
-        nbytes = first.nbytes
+        nbytes = size(first)
         with self._lock:
             while (
-                self._jobs and len(batch) < max_items and nbytes + self._jobs[0].nbytes <= max_bytes
+                self._jobs and len(batch) < max_items and nbytes + size(self._jobs[0]) <= max_bytes
             ):
                 job = self._jobs.popleft()
                 batch.append(job)
-                nbytes += job.nbytes
+                nbytes += size(job)
         return batch
 
     def drain_queued(self) -> list[Job]:
@@ -385,3 +389,7 @@ class _Waker:
     def stop(self) -> None:
         self._stopped = True
         self._event.set()
+
+
+def _size(job: Job) -> int:
+    return job.nbytes
