@@ -339,12 +339,23 @@ class SlowNullStorage:
     """A storage that takes its time and keeps nothing: what is pending stays in the tracker."""
 
     url = "slow-null://"
+    spool_dir = None  # large payloads spool in the system's temporary directory
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
 
+    def local_path(self, path: str) -> None:
+        return None
+
     async def prepare(self) -> None:
         return None
+
+    async def write_atomic_many(
+        self, items: Any, *, overwrite: bool, done: Any = None
+    ) -> list[Any]:
+        from trajtrack.backends._protocol import write_each_concurrently
+
+        return await write_each_concurrently(self, items, overwrite=overwrite, done=done)
 
     async def write_atomic(self, path: str, payload: Any, *, overwrite: bool) -> Any:
         from trajtrack.backends._protocol import ChecksumWriter
