@@ -28,6 +28,14 @@ def _staged(block: Block, data: bytes) -> StagedPayload:
     return StagedPayload(block, checksum_of(data))
 
 
+async def _storage_with_staging(path: Path) -> tuple[LocalStorage, Staging]:
+    storage = LocalStorage(str(path))
+    await storage.prepare()
+    stage = storage.staging()
+    assert stage is not None
+    return storage, stage
+
+
 def test_blocks_are_taken_lowest_first_in_whole_pages_and_merge_when_given_back() -> None:
     arena = Arena(8 * PAGE)
     a = arena.take(1)
@@ -151,8 +159,7 @@ def test_no_block_for_a_writer_process_that_cannot_write() -> None:
 async def test_staged_files_are_written_by_the_helper_with_inline_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    storage = LocalStorage(str(tmp_path / "dest"))
-    await storage.prepare()
+    storage, stage = await _storage_with_staging(tmp_path / "dest")
     on_threads: list[str] = []
     thread_write = storage._write_sync
 
@@ -162,8 +169,6 @@ async def test_staged_files_are_written_by_the_helper_with_inline_ones(
 
     monkeypatch.setattr(storage, "_write_sync", recorded)
     try:
-        stage = storage.staging()
-        assert stage is not None
         big = [os.urandom(300_000 + i) for i in range(3)]
         items: list[tuple[str, BytesPayload]] = []
         for i, data in enumerate(big):
@@ -191,11 +196,8 @@ async def test_staged_files_are_written_by_the_helper_with_inline_ones(
 async def test_a_staged_file_goes_through_a_thread_when_the_helper_is_given_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    storage = LocalStorage(str(tmp_path / "dest"))
-    await storage.prepare()
+    storage, stage = await _storage_with_staging(tmp_path / "dest")
     try:
-        stage = storage.staging()
-        assert stage is not None
         block = stage.take(100_000)
         assert block is not None
         data = os.urandom(100_000)
@@ -244,10 +246,7 @@ async def test_the_helper_refuses_an_offset_outside_the_arena(tmp_path: Path) ->
 async def test_closing_the_storage_trims_and_closes_its_arena(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    storage = LocalStorage(str(tmp_path / "dest"))
-    await storage.prepare()
-    stage = storage.staging()
-    assert stage is not None
+    storage, stage = await _storage_with_staging(tmp_path / "dest")
     block = stage.take(PAGE)
     assert block is not None
     block.view()[:] = b"z" * PAGE
