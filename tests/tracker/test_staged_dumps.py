@@ -33,8 +33,8 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     made: list[object] = []
     real = snapshotter.serialize_staged
 
-    def recording(obj: Any, stage: Any) -> object:
-        made.append(result := real(obj, stage))
+    def recording(obj: Any, stage: Any, max_bytes: int) -> object:
+        made.append(result := real(obj, stage, max_bytes))
         return result
 
     monkeypatch.setattr(snapshotter, "serialize_staged", recording)
@@ -80,6 +80,7 @@ class _FakeStaging:
         self._frees = frees
         self.free = False
         self.waits: list[float] = []
+        self.max_bytes = 1 << 20
 
     def take(self, nbytes: int) -> Block | None:
         return self._arena.take(nbytes) if self.free else None
@@ -158,3 +159,12 @@ async def test_small_dumps_are_not_staged_and_staged_ones_batch_many_to_a_hop() 
     assert [job.name for job in await queue.get_batch(BATCH_ITEMS, BATCH_BYTES, _batch_cost)] == [
         "c1"
     ]
+
+
+async def test_a_dump_larger_than_a_quarter_of_the_arena_is_copied_without_waiting() -> None:
+    fake = _FakeStaging(frees=True)
+    big = {"obs": torch.randn(300_000)}  # 1.2 MB archive, over the fake's 1 MiB
+    assert isinstance(await _snapshotter(fake).take(big), ObjectPayload)
+    assert fake.waits == []
+    assert isinstance(await _snapshotter(fake).take(_mid()), StagedPayload)  # and ~0.5 MB is
+    assert staging.Staging(Arena(8 << 20), lambda: True).max_bytes == 2 << 20

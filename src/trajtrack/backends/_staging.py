@@ -184,6 +184,9 @@ class Staging:
         self._arena = arena
         self._usable = usable
         self._stuck_at = -1
+        self.max_bytes = arena.size // 4
+        """The largest dump staged (a quarter of the arena); larger ones are copied at once,
+        without waiting for room they could never have, or would take from four others."""
 
     def take(self, nbytes: int) -> Block | None:
         """A block of *nbytes*, or None (none free, or no writer process to write it)."""

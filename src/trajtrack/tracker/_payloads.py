@@ -157,14 +157,14 @@ class NoRoom(NamedTuple):
 _RELEASING_COPY_MIN: Final = 256 << 10  # copies from here on release the GIL (numpy)
 
 
-def serialize_staged(obj: Any, stage: Stage) -> StagedPayload | NoRoom | None:
+def serialize_staged(obj: Any, stage: Stage, max_bytes: int) -> StagedPayload | NoRoom | None:
     """Plain data serialized now, by the archive writer, into a block from *stage*; ``None``
-    when it is not archivable or is a view of part of a storage (then copy it),
-    :class:`NoRoom` when no block is free."""
+    when it is not archivable, is a view of part of a storage or its archive is larger than
+    *max_bytes* (then copy it), :class:`NoRoom` when no block is free."""
     try:
         with FORK_GATE.torch_work():
             plan = archive_plan(obj)
-            if plan.part_views:
+            if plan.part_views or plan.nbytes > max_bytes:
                 return None
             block = stage(plan.nbytes)
             if block is None:

@@ -133,7 +133,8 @@ class Snapshotter:
             if nbytes <= SERIALIZE_NOW_MAX_BYTES:
                 serialized = serialize_small(obj)
             elif self._staging is not None:
-                serialized = serialize_staged(obj, self._staging.take)
+                staging = self._staging
+                serialized = serialize_staged(obj, staging.take, staging.max_bytes)
             if serialized is not None:
                 return serialized
         return self._copied(obj, nbytes)
