@@ -78,7 +78,8 @@ class _ThrottledPayload:
 class ThrottledLocalStorage(LocalStorage):
     """The local backend writing at a slow disk's pace, so uploads are often mid-write.
 
-    Batches of small files go to the writer process, unthrottled: the kills land on both paths.
+    Batches of small files, and the dumps of 64 KiB to 2 MB staged in its shared memory, go to
+    the writer process, unthrottled: the kills land on both paths.
     """
 
     def _write_temp(self, directory: int, temp: str, payload: Any) -> Any:
