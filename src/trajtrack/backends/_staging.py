@@ -49,7 +49,8 @@ from trajtrack.backends._protocol import BytesPayload, WriteResult
 __all__ = ["ARENA_BYTES", "Arena", "Block", "StagedPayload", "Staging", "make_arena"]
 
 ARENA_BYTES: Final = 64 << 20
-"""Size of an arena: sixteen 4 MiB dumps in flight (larger ones are never staged)."""
+"""Size of an arena: sixteen 4 MiB dumps in flight (the default ``inline_snapshot_bytes``;
+dumps over a quarter of the arena are never staged: :attr:`Staging.max_bytes`)."""
 _PAGE: Final = mmap.PAGESIZE
 
 

@@ -128,7 +128,7 @@ _STAGED_COST = 256
 async def _release_spool(job: Job) -> None:
     """Delete the job's spool file, if any, in a thread (before its outcome is reported); give
     back its staging block, if any."""
-    if isinstance(job.payload, FilePayload):
+    if isinstance(job.payload, FilePayload):  # an unlink: not on the event loop
         await anyio.to_thread.run_sync(job.payload.release)
-    elif isinstance(job.payload, StagedPayload):
-        job.payload.release()
+    else:
+        release_spool(job.payload)

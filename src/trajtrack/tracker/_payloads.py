@@ -37,6 +37,7 @@ __all__ = [
     "BytesPayload",
     "DeferredPayload",
     "FilePayload",
+    "RELEASING_COPY_MIN_BYTES",
     "NoRoom",
     "ObjectPayload",
     "SerializedPayload",
@@ -48,6 +49,18 @@ __all__ = [
     "serialize_to_file",
     "serialize_to_spool",
 ]
+
+RELEASING_COPY_MIN_BYTES: Final = 256 << 10
+"""From this size on, a copy into memory releases the GIL while it runs (``numpy.copyto``):
+a snapshot's copy of a tensor (:mod:`~trajtrack.tracker._snapshot`) and a piece of an archive
+written into a staging block.
+
+A copy into fresh memory takes a page fault every 4 KiB (~4 us each on this VM: ~1 ms per
+MiB). Holding the GIL through that starved the upload workers: of 300 1 MiB dumps, 29-49
+were committed while the caller made its 300 snapshots, 222-236 with the GIL released
+(three runs each, alternated), and ``await dump`` of 1 MB took 676-765 us p50 instead of
+1,102-1,292 (two runs each). Smaller copies hold it: for them, waiting to get the GIL back
+could cost more than the copy."""
 
 SPOOL_MEMORY_LIMIT: Final = 8 << 20  # beyond this a serialized snapshot spills to a temp file
 _COPY_CHUNK: Final = 1 << 20
@@ -154,9 +167,6 @@ class NoRoom(NamedTuple):
     nbytes: int
 
 
-_RELEASING_COPY_MIN: Final = 256 << 10  # copies from here on release the GIL (numpy)
-
-
 def serialize_staged(obj: Any, stage: Stage, max_bytes: int) -> StagedPayload | NoRoom | None:
     """Plain data serialized now, by the archive writer, into a block from *stage*; ``None``
     when it is not archivable, is a view of part of a storage or its archive is larger than
@@ -196,7 +206,7 @@ class _BlockWriter:
         end = self._at + source.nbytes
         if end > self._view.nbytes:
             raise SerializationError("the archive is larger than planned")
-        if source.nbytes >= _RELEASING_COPY_MIN:
+        if source.nbytes >= RELEASING_COPY_MIN_BYTES:
             target = np.frombuffer(self._view[self._at : end], dtype=np.uint8)
             np.copyto(target, np.frombuffer(source, dtype=np.uint8))
         else:

@@ -30,7 +30,7 @@ import torch
 
 from trajtrack._exceptions import SerializationError
 from trajtrack.tracker._forkgate import FORK_GATE
-from trajtrack.tracker._payloads import ObjectPayload
+from trajtrack.tracker._payloads import RELEASING_COPY_MIN_BYTES, ObjectPayload
 
 __all__ = [
     "NUMPY_DTYPES",
@@ -163,16 +163,6 @@ SMALL_COPY_MAX_BYTES: Final = 4 << 20
 As large as the default ``inline_snapshot_bytes``: with four upload workers busy on two
 cores, ``clone`` of a 1 MB tensor cost the caller more (waiting for the GIL back) than the
 copy holding it; 1 MB dumps went from 0.6-0.8x to 0.8-1.0x the inline loop's rate."""
-
-RELEASING_COPY_MIN_BYTES: Final = 256 << 10
-"""From this size on, the copy releases the GIL while it runs (``numpy.copyto``).
-
-A copy into fresh memory takes a page fault every 4 KiB (~4 us each on this VM: ~1 ms per
-MiB). Holding the GIL through that starved the upload workers: of 300 1 MiB dumps, 29-49
-were committed while the caller made its 300 snapshots, 222-236 with the GIL released
-(three runs each, alternated), and ``await dump`` of 1 MB took 676-765 us p50 instead of
-1,102-1,292 (two runs each). Smaller copies hold it: for them, waiting to get the GIL back
-could cost more than the copy."""
 
 
 def _small_copy(source: torch.Tensor) -> torch.Tensor | None:
