@@ -285,7 +285,7 @@ async def test_a_helper_that_does_not_answer_is_killed_after_the_reply_timeout(
         (late,) = await storage.write_atomic_many([("b.pth", BytesPayload(b"b"))], overwrite=True)
         assert isinstance(late, StorageUnavailableError) and late.retryable
         assert "timed out" in str(late)
-        assert stuck.poll() == -signal.SIGKILL
+        assert stuck.wait(10) == -signal.SIGKILL  # killed (from the loop: reaped later)
     finally:
         if stuck.poll() is None:
             stuck.kill()

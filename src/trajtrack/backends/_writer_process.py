@@ -39,19 +39,25 @@ threads, as before. ``TRAJTRACK_WRITER_PROCESS=0`` (or
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextlib
 import logging
 import os
 import socket
 import subprocess
 import sys
 import threading
+import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
+
+import anyio
 
 from trajtrack.backends import _writer_child as child
 from trajtrack.backends._staging import Arena, Block, StagedPayload, Staging, make_arena
+from trajtrack.backends._writer_channel import Channel
 
 __all__ = ["MAX_STARTS", "REPLY_TIMEOUT", "Failure", "WriterGone", "WriterProcess"]
 
@@ -99,6 +105,9 @@ class WriterProcess:
         self._starts = 0
         self._closed = False
         self._arena: Arena | None = make_arena()
+        self._channel: Channel | None = None  # while batches from a loop are in flight
+        self._threads_waiting = 0  # threads waiting for the socket: the loop lets them in
+        self._count_lock = threading.Lock()
         _LIVE.add(self)
 
     @property
@@ -140,7 +149,7 @@ class WriterProcess:
             reported[0] = index + 1
             report(index, outcome)
 
-        with self._lock:
+        with self._thread_turn():
             lost: str | None = None
             try:
                 sock = self._connected()
@@ -159,6 +168,142 @@ class WriterProcess:
                 raise
             for index in range(reported[0], len(items)):
                 report(index, WriterGone(f"the writer process did not write this file ({lost})"))
+
+    async def write_async(
+        self,
+        directory: int,
+        items: Sequence[tuple[str, str, memoryview | Block]],
+        *,
+        overwrite: bool,
+        fsync: bool,
+        mode: int,
+        report: Report,
+    ) -> bool:
+        """:meth:`write` from an asyncio loop, on the loop (:mod:`._writer_channel`).
+
+        Returns False, having written nothing, when the socket is not free for this loop now
+        (no helper started yet, a thread's batch, another loop's): write through a thread.
+        """
+        channel = await self._channel_here()
+        if channel is None:
+            return False
+        frame = _frame(items, overwrite=overwrite, fsync=fsync, mode=mode)
+        reported = 0
+
+        def answer(index: int, status: int, operation: int, error: int) -> None:
+            nonlocal reported
+            reported = index + 1
+            report(index, None if status == child.WRITTEN else Failure(operation, error))
+
+        lost: str | None = None
+        try:
+            with anyio.fail_after(REPLY_TIMEOUT):
+                await channel.write(frame, directory, len(items), answer)
+        except OSError as exc:  # TimeoutError included: REPLY_TIMEOUT
+            if isinstance(exc, TimeoutError) and not str(exc):
+                exc = TimeoutError(f"no answer within {REPLY_TIMEOUT} s: timed out")
+            channel.abort(exc)  # a no-op when the channel broke first
+            lost = str(exc) or type(exc).__name__
+        finally:
+            self._after_channel(channel)
+        for index in range(reported, len(items)):
+            report(index, WriterGone(f"the writer process did not write this file ({lost})"))
+        return True
+
+    async def _channel_here(self) -> Channel | None:
+        """This loop's channel (bound now if the socket is free), or None: write through a
+        thread. While a thread has the socket (or waits for it), this waits its turn."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        delay = 0.001
+        while True:
+            channel = self._channel
+            if channel is not None and channel.loop is not loop:
+                return None  # another loop's
+            if channel is None:
+                if self._closed or self._sock is None:
+                    return None  # starting a helper blocks: a thread does it
+                if not self._threads_waiting and self._lock.acquire(blocking=False):
+                    return self._bind(loop)
+            elif channel.broken is None and not self._threads_waiting:
+                return channel
+            if time.monotonic() >= deadline:
+                return None
+            await anyio.sleep(delay)  # a thread's batch, or a broken channel's last writers
+            delay = min(2 * delay, 0.02)
+
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> Channel | None:
+        # Holding the lock.
+        if self._sock is None or self._closed:
+            self._lock.release()
+            return None
+        self._channel = Channel(loop, self._sock, self._channel_lost, self._after_channel)
+        return self._channel
+
+    def _after_channel(self, channel: Channel) -> None:
+        """Unbind *channel* once it is idle: the socket goes back to threads (or, broken,
+        is closed and its helper reaped later)."""
+        if channel is not self._channel or not channel.idle:
+            return
+        self._channel = None
+        channel.detach()
+        if channel.broken is not None:
+            sock, process = self._sock, self._process
+            self._sock = self._process = None
+            if sock is not None:
+                sock.close()
+            if process is not None:  # killed when the channel broke; no wait on the loop
+                _ORPHANS.append(process)
+        elif self._sock is not None:
+            self._sock.settimeout(REPLY_TIMEOUT)
+        self._lock.release()
+
+    def _channel_lost(self, exc: BaseException) -> None:
+        if self._process is not None:
+            self._process.kill()  # whatever it was doing: its answers are not read any more
+        if not self._closed:
+            _log_lost(exc, self._starts)
+
+    async def settle_channel(self, timeout: float | None = None) -> None:
+        """Wait (up to *timeout* seconds, default :data:`STOP_TIMEOUT`) for this loop's
+        batches in flight, then give the socket back to threads; past it, kill the helper."""
+        timeout = STOP_TIMEOUT if timeout is None else timeout
+        channel = self._channel
+        if channel is None or channel.loop is not asyncio.get_running_loop():
+            return
+        with anyio.move_on_after(timeout):
+            await channel.wait_idle()
+        if not channel.idle:
+            channel.abort(TimeoutError(f"batches still in flight after {timeout} s"))
+            with anyio.move_on_after(STOP_TIMEOUT):  # their writers wake with the error
+                await channel.wait_idle()
+            channel.forget_users()
+        self._after_channel(channel)
+
+    @contextlib.contextmanager
+    def _thread_turn(self) -> Iterator[None]:
+        """The socket for a thread: waits for the loop's batches in flight (the loop sends no
+        new ones meanwhile), reclaims it from a loop that closed with batches unanswered."""
+        with self._count_lock:
+            self._threads_waiting += 1
+        try:
+            while not self._lock.acquire(timeout=0.05):
+                channel = self._channel
+                if channel is not None and channel.loop.is_closed():
+                    channel.abort(ConnectionAbortedError("its event loop was closed"))
+                    self._after_channel_forced(channel)
+        finally:
+            with self._count_lock:
+                self._threads_waiting -= 1
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _after_channel_forced(self, channel: Channel) -> None:
+        # Its loop is closed: no writer of it will ever run again to give the socket back.
+        channel.forget_users()
+        self._after_channel(channel)
 
     def _connected(self) -> socket.socket:
         if self._closed:
@@ -199,10 +344,8 @@ class WriterProcess:
         return ours
 
     def _lost(self, exc: BaseException) -> None:
-        logger.warning("trajtrack: the writer process failed (%s); files go through threads", exc)
+        _log_lost(exc, self._starts)
         self._drop(kill=True)
-        if self._starts >= MAX_STARTS:
-            logger.warning("trajtrack: writer process given up after %d starts", MAX_STARTS)
 
     def _drop(self, *, kill: bool, timeout: float = STOP_TIMEOUT) -> None:
         sock, process = self._sock, self._process
@@ -220,8 +363,10 @@ class WriterProcess:
                 process.wait()
 
     def close(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Let the helper finish and exit (killed after *timeout* seconds); later writes fail."""
-        with self._lock:
+        """Let the helper finish and exit (killed after *timeout* seconds); later writes fail.
+        From a thread: an event loop's batches in flight are waited for
+        (:meth:`settle_channel` on the loop first)."""
+        with self._thread_turn():
             self._closed = True
             self._drop(kill=False, timeout=timeout)
             if self._arena is not None:
@@ -242,6 +387,9 @@ class WriterProcess:
     def _forget_after_fork(self) -> None:
         # In a fork child: the socket is the parent's helper's; close our copy, start anew.
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._channel = None  # the parent's loop's
+        self._threads_waiting = 0
         if self._sock is not None:
             self._sock.close()
         self._sock = self._process = None
@@ -274,6 +422,12 @@ def _frame(
     flags = (child.OVERWRITE if overwrite else 0) | (child.FSYNC if fsync else 0)
     parts[0] = child.HEADER.pack(len(items), flags, mode, length)
     return b"".join(parts)
+
+
+def _log_lost(exc: BaseException, starts: int) -> None:
+    logger.warning("trajtrack: the writer process failed (%s); files go through threads", exc)
+    if starts >= MAX_STARTS:
+        logger.warning("trajtrack: writer process given up after %d starts", MAX_STARTS)
 
 
 def _results(sock: socket.socket, count: int, report: Report) -> None:

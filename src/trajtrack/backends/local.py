@@ -19,10 +19,11 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import functools
 import operator
 import os
 import stat
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 from urllib.parse import unquote, urlsplit
@@ -31,12 +32,10 @@ import anyio.to_thread
 
 from trajtrack._exceptions import (
     ConfigurationError,
-    DumpExistsError,
-    StorageError,
-    StorageNotFoundError,
     StoragePermissionError,
-    StorageUnavailableError,
 )
+from trajtrack.backends._local_batches import HelperRuns
+from trajtrack.backends._local_errors import exists_error, translate, translated
 from trajtrack.backends._local_paths import is_inside, open_directory, resolve_inside
 from trajtrack.backends._protocol import (
     BytesPayload,
@@ -48,16 +47,13 @@ from trajtrack.backends._protocol import (
     check_relative,
     write_payload_unbuffered,
 )
-from trajtrack.backends._staging import Block, Staging
-from trajtrack.backends._writer_process import Failure, WriterGone, WriterProcess
+from trajtrack.backends._staging import Staging
+from trajtrack.backends._writer_process import WriterProcess
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
 __all__ = ["LocalStorage", "resolve_inside", "translate", "translated"]
 
 _WRITE_BUFFER = 1 << 20
-PROCESS_MAX_BYTES: Final = 1 << 20
-"""Bytes payloads up to this size go to the writer process; larger ones are written by a
-thread (their ``write`` releases the GIL for long enough not to contend for it)."""
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -116,6 +112,17 @@ class LocalStorage:
         if writer_process is None:
             writer_process = os.environ.get("TRAJTRACK_WRITER_PROCESS", "1").strip() != "0"
         self._writer = WriterProcess() if writer_process else None
+        self._runs = (
+            None
+            if self._writer is None
+            else HelperRuns(
+                self._writer,
+                self._root,
+                self._who,
+                fsync=fsync,
+                mode=file_mode,
+            )
+        )
 
     @property
     def url(self) -> str:
@@ -166,15 +173,12 @@ class LocalStorage:
         return None if self._writer is None else self._writer.staging()
 
     async def write_atomic(self, path: str, payload: Payload, *, overwrite: bool) -> WriteResult:
-        if self._writer is not None and self._writer.holds(payload):
-            return await anyio.to_thread.run_sync(self._write_one_staged, path, payload, overwrite)
+        if self._writer is not None and self._writer.holds(payload):  # the writer has its bytes
+            (outcome,) = await self.write_atomic_many([(path, payload)], overwrite=overwrite)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
         return await anyio.to_thread.run_sync(self._write_sync, path, payload, overwrite)
-
-    def _write_one_staged(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
-        (outcome,) = self._write_many_sync([(path, payload)], overwrite, None)
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
 
     async def write_atomic_many(
         self,
@@ -183,7 +187,20 @@ class LocalStorage:
         overwrite: bool,
         done: ItemDone | None = None,
     ) -> builtins.list[WriteResult | Exception]:
-        return await anyio.to_thread.run_sync(self._write_many_sync, items, overwrite, done)
+        if self._runs is None or not self._runs.on_loop():
+            return await anyio.to_thread.run_sync(self._write_many_sync, items, overwrite, done)
+        outcomes: builtins.list[WriteResult | Exception | None] = [None] * len(items)
+
+        def report(index: int, outcome: WriteResult | Exception) -> None:
+            outcomes[index] = outcome
+            if done is not None:
+                done(index, outcome)
+
+        async def in_thread(part: Sequence[tuple[str, Payload]], report_part: ItemDone) -> None:
+            await anyio.to_thread.run_sync(self._write_many_sync, part, overwrite, report_part)
+
+        await self._runs.write_many(items, overwrite, report, in_thread, self._open_dir)
+        return [outcome for outcome in outcomes if outcome is not None]
 
     def _write_many_sync(
         self, items: Sequence[tuple[str, Payload]], overwrite: bool, done: ItemDone | None
@@ -201,9 +218,11 @@ class LocalStorage:
         try:
             index = 0
             while index < len(items):
-                end = self._small_run(items, index)
+                end = index if self._runs is None else self._runs.small_run(items, index)
                 if end > index:
-                    self._write_run(items, index, end, overwrite, directories, report)
+                    assert self._runs is not None
+                    directory_of = functools.partial(self._directory, directories=directories)
+                    self._runs.write_run(items, index, end, overwrite, directory_of, report)
                     index = end
                     continue
                 path, payload = items[index]
@@ -218,72 +237,6 @@ class LocalStorage:
             for fd in directories.values():
                 os.close(fd)
         return outcomes
-
-    def _small_run(self, items: Sequence[tuple[str, Payload]], start: int) -> int:
-        """The end of the run of small bytes payloads in one directory from *start*, for the
-        writer process (*start* itself when it is off or the item is not one)."""
-        if self._writer is None or not self._writer.usable:
-            return start
-        directory = items[start][0].rpartition("/")[0]
-        end = start
-        for path, payload in items[start:]:
-            if (
-                not isinstance(payload, BytesPayload)
-                or (payload.data.nbytes > PROCESS_MAX_BYTES and not self._writer.holds(payload))
-                or path.rpartition("/")[0] != directory
-            ):
-                break
-            end += 1
-        return end
-
-    def _write_run(
-        self,
-        items: Sequence[tuple[str, Payload]],
-        start: int,
-        end: int,
-        overwrite: bool,
-        directories: dict[tuple[str, ...], int],
-        report: Callable[[int, WriteResult | Exception], None],
-    ) -> None:
-        """Items *start* to *end* (small bytes, one directory) written by the writer process."""
-        assert self._writer is not None
-        first = check_relative(items[start][0])
-        parents = tuple(first.split("/")[:-1])
-        try:
-            with translated(f"{self._root}/{first}"):
-                directory = self._directory(parents, directories)
-        except StorageError as exc:
-            for index in range(start, end):
-                report(index, exc)
-            return
-        batch: builtins.list[tuple[str, str, memoryview | Block]] = []
-        for path, payload in items[start:end]:
-            name = check_relative(path).rpartition("/")[2]
-            data = payload.block if self._writer.holds(payload) else payload.data  # type: ignore[attr-defined]
-            batch.append((temp_path_for(name, self._who), name, data))
-
-        def outcome(offset: int, failure: Failure | WriterGone | None) -> None:
-            path, payload = items[start + offset]
-            where = f"{self._root}/{path}"
-            result: WriteResult | Exception
-            if failure is None:
-                result = payload.counted()  # type: ignore[attr-defined]
-            elif isinstance(failure, WriterGone):
-                result = StorageUnavailableError(f"{where}: {failure}")
-            elif failure.exists:
-                result = _exists(path.rpartition("/")[2])
-            else:
-                result = translate(failure.oserror(where), where)
-            report(start + offset, result)
-
-        self._writer.write(
-            directory,
-            batch,
-            overwrite=overwrite,
-            fsync=self._fsync,
-            mode=self._file_mode,
-            report=outcome,
-        )
 
     def _directory(self, key: tuple[str, ...], directories: dict[tuple[str, ...], int]) -> int:
         """The descriptor of directory *key*, the one kept in *directories* (at most one)."""
@@ -365,7 +318,7 @@ class LocalStorage:
             # atomic: fails if `name` exists (a symbolic link included: never followed)
             os.link(temp, name, src_dir_fd=directory, dst_dir_fd=directory, follow_symlinks=False)
         except FileExistsError:
-            raise _exists(name) from None
+            raise exists_error(name) from None
         os.unlink(temp, dir_fd=directory)
 
     async def read(self, path: str) -> bytes:
@@ -452,16 +405,14 @@ class LocalStorage:
             os.unlink(self._resolve(path))
 
     async def aclose(self) -> None:
-        if self._writer is not None:
+        if self._writer is not None and self._runs is not None:
+            if self._runs.on_loop():
+                await self._writer.settle_channel()  # batches the loop has in flight
+            self._runs.close()
             await anyio.to_thread.run_sync(self._writer.close)
 
     def __repr__(self) -> str:
         return f"LocalStorage({str(self._root)!r})"
-
-
-def _exists(name: str) -> DumpExistsError:
-    """A file published without overwriting found *name* taken (thread or writer process)."""
-    return DumpExistsError(f"{name} exists (existing-name policy 'error'); nothing was overwritten")
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -510,26 +461,3 @@ def _list_directory(
             continue  # a temporary file renamed away while we listed
         outside = stat.S_ISLNK(st.st_mode) and not inside(entry.path)
         found.append(FileInfo(path, st.st_size, st.st_mtime, outside))
-
-
-def translate(exc: OSError, where: str) -> StorageError:
-    """The :class:`StorageError` matching *exc* (missing, permission...), naming *where*."""
-    message = f"{where}: {exc.strerror or exc}"
-    if isinstance(exc, PermissionError) or exc.errno == errno.EROFS:
-        return StoragePermissionError(message)
-    if isinstance(exc, FileNotFoundError):
-        return StorageNotFoundError(message)
-    if exc.errno == errno.ENOSPC:
-        return StorageError(f"{where}: no space left on the device")
-    return StorageError(message)
-
-
-@contextlib.contextmanager
-def translated(where: str) -> Iterator[None]:
-    """Any ``OSError`` raised inside as the matching :class:`StorageError` naming *where*."""
-    try:
-        yield
-    except StorageError:
-        raise
-    except OSError as exc:
-        raise translate(exc, where) from exc
