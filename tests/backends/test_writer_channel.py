@@ -32,6 +32,17 @@ async def _started(path: Path) -> LocalStorage:
     return storage
 
 
+async def _until_in_flight(writer: writer_process.WriterProcess | None, count: int) -> None:
+    """Wait until *count* batches are sent and unanswered on the loop's channel."""
+    assert writer is not None
+    for _ in range(2000):
+        channel = writer._channel
+        if channel is not None and len(channel._waiting) >= count:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"never {count} batches in flight")
+
+
 def _items(prefix: str, count: int, size: int = 100) -> list[tuple[str, BytesPayload]]:
     return [(f"{prefix}{i}.pth", BytesPayload(bytes([i % 251]) * size)) for i in range(count)]
 
@@ -93,8 +104,7 @@ async def test_a_helper_killed_with_batches_in_flight_fails_them_as_retryable(
             asyncio.ensure_future(storage.write_atomic_many(_items(f"k{n}_", 50), overwrite=True))
             for n in range(3)
         ]
-        while storage._writer._channel is None or len(storage._writer._channel._waiting) < 3:
-            await asyncio.sleep(0.005)
+        await _until_in_flight(storage._writer, 3)
         helper.kill()
         with anyio.fail_after(20):  # the end of the socket, not the reply timeout (300 s)
             done = await asyncio.gather(*writes)
@@ -171,8 +181,7 @@ def test_a_loop_closed_with_a_batch_in_flight_gives_the_helper_back(tmp_path: Pa
         assert storage._writer is not None and storage._writer._process is not None
         storage._writer._process.send_signal(signal.SIGSTOP)
         write = asyncio.ensure_future(storage.write_atomic_many(_items("x", 20), overwrite=True))
-        while storage._writer._channel is None or not storage._writer._channel._waiting:
-            await asyncio.sleep(0.005)
+        await _until_in_flight(storage._writer, 1)
         write.cancel()  # the loop ends: its writer never returns
         return storage
 
@@ -232,8 +241,7 @@ async def test_close_gives_up_on_batches_that_are_never_answered(
     helper = storage._writer._process
     helper.send_signal(signal.SIGSTOP)
     write = asyncio.ensure_future(storage.write_atomic_many(_items("c", 10), overwrite=True))
-    while storage._writer._channel is None or not storage._writer._channel._waiting:
-        await asyncio.sleep(0.005)
+    await _until_in_flight(storage._writer, 1)
     with anyio.fail_after(10):
         await storage.aclose()
     outcomes = await write
