@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
 from typing import Final
 
 __all__ = ["FORK_GATE", "FORK_WAIT"]
@@ -28,20 +26,23 @@ class _ForkGate:
         self._cond = threading.Condition()
         self._active = 0
         self._forking = False
+        self._work = _TorchWork(self)
 
-    @contextlib.contextmanager
-    def torch_work(self) -> Iterator[None]:
+    def torch_work(self) -> _TorchWork:
+        """``with FORK_GATE.torch_work():`` around torch work in one of our threads."""
+        return self._work
+
+    def enter(self) -> None:
         with self._cond:
             while self._forking:
                 self._cond.wait()
             self._active += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._active -= 1
-                if not self._active:
-                    self._cond.notify_all()
+
+    def leave(self) -> None:
+        with self._cond:
+            self._active -= 1
+            if not self._active:
+                self._cond.notify_all()
 
     def before_fork(self) -> None:
         self._cond.acquire()  # held across the fork: no torch work starts meanwhile
@@ -60,6 +61,21 @@ class _ForkGate:
 
     def after_fork_in_child(self) -> None:
         self.__init__()  # type: ignore[misc]  # the child has none of the parent's threads
+
+
+class _TorchWork:
+    """The gate's context manager: a class, not a generator (it runs on every small dump)."""
+
+    __slots__ = ("_gate",)
+
+    def __init__(self, gate: _ForkGate) -> None:
+        self._gate = gate
+
+    def __enter__(self) -> None:
+        self._gate.enter()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._gate.leave()
 
 
 FORK_GATE = _ForkGate()

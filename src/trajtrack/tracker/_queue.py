@@ -63,6 +63,10 @@ class PendingQueue:
         on_drop: Callable[[Job, str], None],
     ) -> None:
         self._loop = loop
+        # Made on the loop's thread (the runner starts on its loop). Comparing thread ids is
+        # how _in_loop() tells; asyncio.get_running_loop() makes a getpid() system call each
+        # time on Python 3.11, twice a dump (benchmarks/README.md, twelfth pass).
+        self._loop_thread = threading.get_ident()
         self._max_bytes = max_bytes
         self._max_items = max_items
         self._on_drop = on_drop
@@ -288,10 +292,7 @@ class PendingQueue:
     # ------------------------------------------------------------------ wake-ups
 
     def _in_loop(self) -> bool:
-        try:
-            return asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            return False
+        return threading.get_ident() == self._loop_thread and not self._loop.is_closed()
 
     def _wake_workers(self, *, force: bool = False) -> None:
         # Waking the loop from another thread writes to its self-pipe, a syscall that releases
