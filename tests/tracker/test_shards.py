@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import pickle
 import tarfile
@@ -19,11 +20,13 @@ from trajtrack import (
     DumpExistsError,
     QueueFullError,
     SerializationError,
+    StorageError,
     StorageUnavailableError,
     Tracker,
 )
 from trajtrack.backends.memory import MemoryStorage
 from trajtrack.layouts.shards import SHARDS_DIR, is_shard_path
+from trajtrack.tracker import _shards as shards_module
 
 SHARDS = Path(SHARDS_DIR)
 
@@ -253,6 +256,49 @@ async def test_on_exists_error_refuses_names_this_tracker_or_the_record_has(
         with pytest.raises(DumpExistsError):
             await later.flush(timeout=30)
         assert (await fresh).path == "fresh.pth"
+
+
+class _FlakySpool:
+    """A shard's spool file whose next write fails (a full disk) once ``fail`` is set."""
+
+    fail = threading.Event()
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+
+    def write(self, data: bytes) -> int:
+        if self.fail.is_set():  # half of it written, then the disk is full
+            self.fail.clear()
+            self._file.write(data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self._file.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+
+async def test_a_spool_write_that_fails_fails_its_dumps_and_leaves_no_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = shards_module._create
+    monkeypatch.setattr(shards_module, "_create", lambda path: _FlakySpool(real(path)))
+    async with _memory(None, shard_max_age=600) as tracker:
+        before = await tracker.dump(tiny(0), "before")
+        await _until(lambda: tracker.statistics().pending_items == 0)  # in the spool
+        _FlakySpool.fail.set()
+        lost = [tracker.dump_nowait(tiny(i), f"lost{i}") for i in range(3)]  # one batch
+        for handle in lost:
+            with anyio.fail_after(30), pytest.raises(StorageError, match="no space left"):
+                await handle
+        after = await tracker.dump(tiny(9), "after")
+        with pytest.raises(StorageError):
+            await tracker.flush(timeout=30)
+        first, last = await before, await after
+    assert first.shard == last.shard  # the failed batch left no trace in the shard
+    data = await MemoryStorage("memory://shards/run").read(first.shard)  # type: ignore[arg-type]
+    assert _names(data) == ["before.pth", "after.pth"]
+    assert last.offset is not None
+    assert torch.load(io.BytesIO(data[last.offset : last.offset + last.size]))["i"] == 9
 
 
 def test_layout_options_are_checked() -> None:

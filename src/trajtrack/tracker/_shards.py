@@ -34,6 +34,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from trajtrack._exceptions import DumpExistsError, SerializationError
 from trajtrack._retry import RetryPolicy, retry_async
 from trajtrack.backends import BytesPayload, Storage, write_payload
+from trajtrack.backends._local_errors import translate
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
 from trajtrack.layouts.shards import (
     END_OF_ARCHIVE,
@@ -423,4 +424,8 @@ def _create(path: str) -> BinaryIO:
 def _as_dump_error(exc: Exception, job: Job) -> Exception:
     if isinstance(exc, ShardFormatError):
         return SerializationError(str(exc))
+    if isinstance(exc, OSError):  # the local spool (a full disk, ...): typed, with its cause
+        error = translate(exc, f"appending {job.path} to a shard's local spool")
+        error.__cause__ = exc
+        return error
     return exc
