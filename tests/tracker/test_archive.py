@@ -307,3 +307,105 @@ def test_serialize_plain() -> None:
     reference = io.BytesIO()
     torch_save(obj, reference)
     assert_same_as_torch_save(buffer.getvalue(), reference.getvalue())
+
+
+def _fresh_bytes(obj: Any) -> bytes:
+    """The archive as the pickler makes it, with no kept pickle to use."""
+    _archive._PICKLES.clear()
+    try:
+        return archive_bytes(obj)[0]
+    finally:
+        _archive._PICKLES.clear()
+
+
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    """Another tensor like *tensor*: its own storage, the same strides, data, requires_grad."""
+    copy = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype)
+    copy.copy_(tensor.detach())
+    return copy.requires_grad_(tensor.requires_grad)
+
+
+def _flat_layouts() -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(7)
+    dtypes = [d for d in _archive.V2_STORAGES if d not in (torch.complex64, torch.complex128)]
+    layouts: list[dict[str, torch.Tensor]] = []
+    for case in range(40):
+        count = 1 + case % 5
+        obj: dict[str, torch.Tensor] = {}
+        for i in range(count):
+            dtype = dtypes[(case + i) % len(dtypes)]
+            shape = [(case * 7 + i * 3) % 9 + 1 for _ in range(1 + (case + i) % 3)]
+            tensor = (torch.rand(shape, generator=generator) * 100).to(dtype)
+            if case % 4 == 1 and tensor.dim() > 1:
+                tensor = tensor.transpose(0, 1)  # whole storage, other strides
+            if case % 6 == 2 and dtype.is_floating_point:
+                tensor.requires_grad_(True)
+            obj[f"k{case}_{i}" if case % 3 else f"obs{i}"] = tensor
+        layouts.append(obj)
+    layouts.append({"scalar": torch.tensor(3.5), "empty_name_ok": torch.ones(1, dtype=torch.int8)})
+    return layouts
+
+
+@pytest.mark.parametrize("index", range(41))
+def test_a_kept_pickle_gives_the_bytes_of_a_fresh_one(index: int) -> None:
+    obj = _flat_layouts()[index]
+    expected = _fresh_bytes(obj)
+    archive_bytes(obj)  # keeps the pickle of this layout
+    assert _archive._flat_tensors(obj) is not None
+    again = {name: _copy(tensor) for name, tensor in obj.items()}
+    kept = archive_bytes(again)[0]  # another dict, other tensors, the same layout
+    assert kept == _fresh_bytes(again)
+    assert kept == expected  # same data, so the same file
+    assert_same_as_torch_save(kept, torch_bytes(again))
+
+
+def test_layouts_the_pickler_must_see_are_not_kept() -> None:
+    base = torch.arange(12, dtype=torch.float32)
+    conj = torch.tensor([1 + 2j], dtype=torch.complex64).conj()
+    shared = torch.ones(3)
+    refused = {
+        "a view of part": {"x": base[2:5]},
+        "an offset": {"x": base.view(3, 4)[1]},
+        "an offset, and as many bytes as the storage": {"x": torch.ones(2)[1:].expand(2)},
+        "one storage twice": {"x": shared, "y": shared.view(3)},
+        "a conjugate": {"x": conj},
+        "a key that is not a str": {1: torch.ones(2)},
+        "a value that is not a tensor": {"x": torch.ones(2), "n": 3},
+        "a subclass": {"p": torch.nn.Parameter(torch.ones(2))},
+        "no tensors": {},
+    }
+    for why, obj in refused.items():
+        assert _archive._flat_tensors(obj) is None, why
+    for why, obj in refused.items():
+        if why in ("a subclass", "a value that is not a tensor", "no tensors"):
+            continue
+        assert archive_bytes(obj)[0] == _fresh_bytes(obj), why
+        assert_same_as_torch_save(archive_bytes(obj)[0], torch_bytes(obj))
+
+
+def test_the_kept_pickles_stay_few() -> None:
+    _archive._PICKLES.clear()
+    for n in range(_archive._PICKLES_KEPT + 10):
+        archive_plan({"x": torch.zeros(n + 1)})
+    assert 0 < len(_archive._PICKLES) <= _archive._PICKLES_KEPT
+    _archive._PICKLES.clear()
+
+
+def test_layouts_that_differ_in_one_attribute_get_their_own_pickle() -> None:
+    square = torch.arange(16, dtype=torch.float32).view(4, 4)
+    variants = {
+        "base": {"a": square, "b": torch.ones(4)},
+        "strides": {"a": square.t(), "b": torch.ones(4)},
+        "requires_grad": {"a": square.clone().requires_grad_(True), "b": torch.ones(4)},
+        "dtype": {"a": square.double(), "b": torch.ones(4)},
+        "order": {"b": torch.ones(4), "a": square},
+        "names": {"a": square, "c": torch.ones(4)},
+        "shape": {"a": square.reshape(2, 8), "b": torch.ones(4)},
+    }
+    _archive._PICKLES.clear()
+    for why, obj in variants.items():  # each after all the others were kept
+        fresh = _fresh_bytes(obj)
+        for other in variants.values():
+            archive_bytes(other)
+        assert archive_bytes(obj)[0] == fresh, why
+    _archive._PICKLES.clear()

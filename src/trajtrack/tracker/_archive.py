@@ -233,6 +233,11 @@ def archive_plan(obj: Any, *, serialization_id: str | None = None) -> ArchivePla
     *serialization_id*: the ``.data/serialization_id`` record (ASCII); by default 40 digits
     derived from the file's content (its CRC-32 up to that record, and its size).
     """
+    flat = _flat_tensors(obj)
+    if flat is not None:
+        pickled = _PICKLES.get(flat[0])
+        if pickled is not None:  # this layout of tensors was pickled before: the same bytes
+            return ArchivePlan(pickled, flat[1], serialization_id)
     buffer = io.BytesIO()
     pickler = _Pickler(buffer, _PROTOCOL)
     pickler.refs = {}
@@ -247,7 +252,59 @@ def archive_plan(obj: Any, *, serialization_id: str | None = None) -> ArchivePla
     views = [ref.view for ref in pickler.refs.values()]
     plan = ArchivePlan(buffer.getvalue(), views, serialization_id)
     plan.part_views = pickler.part_views
+    if flat is not None and not plan.part_views:
+        if len(_PICKLES) >= _PICKLES_KEPT:
+            _PICKLES.clear()  # layouts that never repeat: keep the cache small
+        _PICKLES[flat[0]] = plan.pickled
     return plan
+
+
+# A dict of whole tensors (the typical per-sample dump) pickles to the same bytes whenever its
+# names, dtypes, shapes, strides and requires_grad are the same: its data is not in the pickle,
+# and the storage keys are "0", "1", ... in order. So such a pickle is kept, by that layout, and
+# the next dump of the layout only reads its tensors' attributes (a fifth of the pickler's time
+# for two tensors). Tests check the bytes against a fresh pickle for many layouts.
+_PICKLES: Final[dict[tuple[Any, ...], bytes]] = {}
+_PICKLES_KEPT: Final = 64
+_FLAT_MAX: Final = 32  # tensors in a dict kept this way
+
+
+def _flat_tensors(obj: Any) -> tuple[tuple[Any, ...], list[memoryview]] | None:
+    """``(layout, views)`` of a dict of str to whole, distinct, plain CPU tensors; or None."""
+    if type(obj) is not dict or not obj or len(obj) > _FLAT_MAX:
+        return None
+    layout: list[Any] = []
+    views: list[memoryview] = []
+    pointers: set[int] = set()
+    for name, tensor in obj.items():
+        if type(name) is not str or type(tensor) is not torch.Tensor:
+            return None
+        if (
+            tensor.layout is not torch.strided
+            or not tensor.is_cpu
+            or tensor.is_nested
+            or tensor.is_quantized
+            or tensor.__dict__
+            or (_HAS_NAMES and tensor.has_names())  # type: ignore[attr-defined]
+            or tensor.storage_offset()
+            or tensor.is_neg()
+            or tensor.is_conj()
+        ):
+            return None
+        dtype = tensor.dtype
+        if dtype not in _V2_STORAGES:
+            return None
+        try:
+            storage = tensor.untyped_storage()
+            nbytes, pointer = storage.nbytes(), storage.data_ptr()
+        except RuntimeError:  # no storage, or an invalid one: the pickler says what
+            return None
+        if not pointer or pointer in pointers or nbytes != tensor.numel() * tensor.element_size():
+            return None  # no memory, shared memory, or a part of it: the pickler's business
+        pointers.add(pointer)
+        layout.append((name, dtype, tuple(tensor.size()), tensor.stride(), tensor.requires_grad))
+        views.append(np.asarray(_Memory(storage, pointer, nbytes)).data)
+    return tuple(layout), views
 
 
 def write_archive(

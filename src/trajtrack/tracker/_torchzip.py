@@ -204,6 +204,11 @@ class ArchivePlan:
         self.part_views = False
         """Whether a tensor holds only part of its storage (whose every byte is written)."""
 
+    @property
+    def pickled(self) -> bytes:
+        """The pickle (``archive/data.pkl``)."""
+        return self._pickled
+
     def write_to(self, out: Writable) -> tuple[int, str]:
         """Write the archive to *out*: ``(size, "crc32:<8 hex>")`` of the bytes written.
 
