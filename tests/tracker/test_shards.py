@@ -280,8 +280,9 @@ class _FlakySpool:
 async def test_a_spool_write_that_fails_fails_its_dumps_and_leaves_no_trace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = shards_module._create
-    monkeypatch.setattr(shards_module, "_create", lambda path: _FlakySpool(real(path)))
+    real = shards_module.create_spool
+    monkeypatch.setattr(shards_module, "create_spool", lambda path: _FlakySpool(real(path)))
+    monkeypatch.setattr(shards_module, "WRITE_AT", 1)  # each batch written at once
     async with _memory(None, shard_max_age=600) as tracker:
         before = await tracker.dump(tiny(0), "before")
         await _until(lambda: tracker.statistics().pending_items == 0)  # in the spool
@@ -294,6 +295,8 @@ async def test_a_spool_write_that_fails_fails_its_dumps_and_leaves_no_trace(
         with pytest.raises(StorageError):
             await tracker.flush(timeout=30)
         first, last = await before, await after
+        stats = tracker.statistics()
+        assert (stats.pending_items, stats.pending_bytes, stats.failed) == (0, 0, 3)
     assert first.shard == last.shard  # the failed batch left no trace in the shard
     data = await MemoryStorage("memory://shards/run").read(first.shard)  # type: ignore[arg-type]
     assert _names(data) == ["before.pth", "after.pth"]
@@ -308,3 +311,80 @@ def test_layout_options_are_checked() -> None:
         Tracker("memory://x", layout="shards", shard_max_bytes=0)
     with pytest.raises(ConfigurationError, match="shard_max_age"):
         Tracker("memory://x", layout="shards", shard_max_age=0)
+
+
+async def test_dumps_laid_out_but_not_written_fail_when_their_seal_cannot_write_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = shards_module.create_spool
+    monkeypatch.setattr(shards_module, "create_spool", lambda path: _FlakySpool(real(path)))
+    async with _memory(None, shard_max_age=600) as tracker:
+        waiting = [await tracker.dump(tiny(i), f"w{i}") for i in range(5)]  # under WRITE_AT
+        await _until(lambda: tracker.statistics().pending_items == 0)
+        _FlakySpool.fail.set()  # the seal's write of them fails
+        with pytest.raises(StorageError, match="no space left"):
+            await tracker.flush(timeout=30)
+        for handle in waiting:
+            with pytest.raises(StorageError):
+                await handle
+        assert tracker.state.value == "running"  # the tracker goes on
+        later = await tracker.dump(tiny(7), "later")
+        await tracker.flush(timeout=30)
+        record = await later
+    data = await MemoryStorage("memory://shards/run").read(record.shard)  # type: ignore[arg-type]
+    assert _names(data) == ["later.pth"]
+
+
+class _FailingEnd:
+    """A spool whose end-of-archive write fails."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+
+    def write(self, data: bytes) -> int:
+        if bytes(data) == bytes(len(data)) and len(data) == 1024:  # END_OF_ARCHIVE
+            raise OSError(errno.EIO, "Input/output error")
+        return self._file.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+
+async def test_a_shard_whose_end_cannot_be_written_fails_its_dumps_not_the_tracker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = shards_module.create_spool
+    monkeypatch.setattr(shards_module, "create_spool", lambda path: _FailingEnd(real(path)))
+    async with _memory(None, shard_max_age=600) as tracker:
+        handle = await tracker.dump(tiny(0), "lost")
+        with pytest.raises(StorageError, match="Input/output error"):
+            await tracker.flush(timeout=30)
+        with pytest.raises(StorageError):
+            await handle
+        assert tracker.state.value == "running"
+        assert tracker.statistics().failed == 1
+    listed = await MemoryStorage("memory://shards/run").list("")
+    assert [f.path for f in listed if is_shard_path(f.path)] == []  # nothing committed
+
+
+async def test_laid_out_members_are_written_before_a_member_a_thread_appends(
+    tmp_path: Path,
+) -> None:
+    odd = {"s": {1, 2, 3}}  # not plain data: serialized and appended by a thread
+    async with Tracker(tmp_path, layout="shards", shard_max_age=600) as tracker:
+        handles = [
+            tracker.dump_nowait(tiny(0), "a"),
+            await tracker.dump(odd, "b"),
+            tracker.dump_nowait(tiny(2), "c"),
+        ]
+        await tracker.flush(timeout=30)
+        records = [await h for h in handles]
+    assert len({r.shard for r in records}) == 1
+    (shard,) = shards_of(tmp_path)
+    assert _names(shard.read_bytes()) == ["a.pth", "b.pth", "c.pth"]
+    data = shard.read_bytes()
+    loaded = [
+        torch.load(io.BytesIO(data[r.offset : r.offset + r.size]), weights_only=False)  # type: ignore[operator]
+        for r in records
+    ]
+    assert loaded[0]["i"] == 0 and loaded[1] == odd and loaded[2]["i"] == 2

@@ -10,22 +10,22 @@ and their records (shard, offset, length, CRC-32) are written. A dump larger tha
 ``max_bytes`` gets a shard of its own. Until its shard is committed a dump's bytes count
 against the tracker's ``max_pending_bytes``; its item slot is freed once it is in the spool.
 
-Each batch of queued dumps is appended in one worker-thread hop, so that thousands of small
-dumps a second cost thousands of appends, not thousands of thread hand-offs.
+Serialized small dumps are laid out on the loop and written to the spool a megabyte at a
+time, in one worker-thread hop (:mod:`~trajtrack.tracker._shard_spool`); other payloads are
+appended by a thread, a batch per hop. Thousands of small dumps a second cost a few thread
+hand-offs, not thousands. A spool write that fails fails the dumps it held (typed), and the
+shard goes on without them; a shard whose end cannot be written fails its dumps, not the
+tracker.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import logging
 import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import BinaryIO
 
 import anyio
 import anyio.to_thread
@@ -33,133 +33,27 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from trajtrack._exceptions import DumpExistsError, SerializationError
 from trajtrack._retry import RetryPolicy, retry_async
-from trajtrack.backends import BytesPayload, Storage, write_payload
+from trajtrack.backends import BytesPayload, Storage
 from trajtrack.backends._local_errors import translate
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
-from trajtrack.layouts.shards import (
-    END_OF_ARCHIVE,
-    ShardFormatError,
-    header_size,
-    member_header,
-    padding,
-    shard_path,
-)
+from trajtrack.layouts.shards import ShardFormatError, shard_path
 from trajtrack.tracker._payloads import FilePayload
 from trajtrack.tracker._queue import Job, PendingQueue
+from trajtrack.tracker._shard_spool import WRITE_AT, Shard, create_spool
 from trajtrack.tracker._worker import Outcomes, Spawn
 
 __all__ = ["ShardsLayout"]
 
 logger = logging.getLogger(__name__)
 
-_IN_MEMORY_MAX = 1 << 20  # smaller payloads are serialized into memory, then written at once
 _BATCH_BYTES = 8 << 20
-
-
-@dataclass(eq=False)
-class _Member:
-    job: Job
-    offset: int
-    size: int
-    checksum: str
-    written_at: float = field(default_factory=time.time)  # in order: dump order across shards
-
-
-@dataclass(eq=False)
-class _Shard:
-    """One shard in the making: a local spool file and the members appended to it."""
-
-    path: str  # its final path in the storage
-    spool: str  # the local file
-    file: BinaryIO
-    size: int = 0
-    members: list[_Member] = field(default_factory=list)
-    opened_at: float = field(default_factory=time.monotonic)
-
-    def append(self, job: Job) -> _Member:
-        """Write *job*'s payload as the next member (blocking; in a worker thread)."""
-        start = self.size
-        try:
-            if job.nbytes <= _IN_MEMORY_MAX:
-                member = self._append_small(job)
-            else:
-                member = self._append_streamed(job)
-        except BaseException:
-            self.file.seek(start)  # nothing of a failed member stays in the shard
-            self.file.truncate()
-            self.size = start
-            raise
-        self.members.append(member)
-        return member
-
-    def plan(self, job: Job, chunks: list[bytes | memoryview]) -> _Member:
-        """Lay out *job* (bytes already, a :class:`BytesPayload`) as the next member: its
-        pieces go to *chunks*, for :meth:`write_planned` (cheap; on the loop)."""
-        payload = job.payload
-        assert isinstance(payload, BytesPayload)
-        result = payload.counted()
-        header = member_header(job.path, result.size, time.time())
-        tail = padding(result.size)
-        chunks += (header, payload.data, tail)
-        offset = self.size + len(header)
-        self.size = offset + result.size + len(tail)
-        return _Member(job, offset, result.size, result.checksum)
-
-    def write_planned(self, chunks: list[bytes | memoryview], start: int) -> None:
-        """Write what :meth:`plan` laid out from *start* (blocking; in a worker thread): one
-        write, so the thread takes the GIL back once, not once a member."""
-        try:
-            self.file.write(b"".join(chunks))
-        except BaseException:
-            self.file.seek(start)  # nothing of a failed batch stays in the shard
-            self.file.truncate()
-            raise
-
-    def _append_small(self, job: Job) -> _Member:
-        buffer = io.BytesIO()
-        written = write_payload(job.payload, buffer)
-        size = written.size
-        header = member_header(job.path, size, time.time())
-        self.file.write(header)
-        self.file.write(buffer.getbuffer())
-        self.file.write(padding(size))
-        offset = self.size + len(header)
-        self.size = offset + size + len(padding(size))
-        return _Member(job, offset, size, written.checksum)
-
-    def _append_streamed(self, job: Job) -> _Member:
-        # A large payload streams straight into the shard; its header, which holds its size,
-        # is written in place afterwards (its length depends only on the name).
-        reserved = header_size(job.path)
-        offset = self.size + reserved
-        self.file.seek(offset)
-        written = write_payload(job.payload, self.file)
-        self.file.write(padding(written.size))
-        self.file.flush()
-        header = member_header(job.path, written.size, time.time())
-        if len(header) != reserved:
-            raise ShardFormatError(f"{job.path}: the member header changed size")
-        os.pwrite(self.file.fileno(), header, self.size)
-        self.size = offset + written.size + len(padding(written.size))
-        return _Member(job, offset, written.size, written.checksum)
-
-    def finish(self) -> None:
-        """End the archive and close the spool file (blocking)."""
-        self.file.write(END_OF_ARCHIVE)
-        self.file.close()
-        self.size += len(END_OF_ARCHIVE)
-
-    def discard(self) -> None:
-        self.file.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.spool)
 
 
 class ShardsLayout:
     """Packs dumps into tar shards; see the module docstring.
 
-    One appender task takes the queued dumps in order, in batches, and appends each batch in
-    one worker-thread hop (so members, and records, keep dump order); sealed shards go to
+    One appender task takes the queued dumps in order, in batches, and appends them in that
+    order (so members, and records, keep dump order); sealed shards go to
     ``workers`` sealer tasks that commit them concurrently; a third task seals by age.
 
     Args:
@@ -202,12 +96,12 @@ class ShardsLayout:
         self._existing = existing
         self._claims = threading.Lock()
         self._sequence = 0
-        self._open: _Shard | None = None
+        self._open: Shard | None = None
         self._lock = anyio.Lock()  # guards the open shard: appends, and detaching it to seal
         self._progress = anyio.Event()  # set (and replaced) whenever dumps were appended
         # Sealed shards on their way to the sealers; their bytes count in the tracker's budget.
-        self._sealed_in, self._sealed_out = anyio.create_memory_object_stream[_Shard](math.inf)
-        self._detached: set[_Shard] = set()  # sealed, not yet committed (discard() frees them)
+        self._sealed_in, self._sealed_out = anyio.create_memory_object_stream[Shard](math.inf)
+        self._detached: set[Shard] = set()  # sealed, not yet committed (discard() frees them)
 
     def start(self, spawn: Spawn, queue: PendingQueue, workers: int, stop: anyio.Event) -> None:
         spawn(self._appender, queue)
@@ -246,6 +140,7 @@ class ShardsLayout:
                 if isinstance(jobs[0].payload, BytesPayload):
                     added, jobs = await self._append_bytes(shard, jobs)
                 else:
+                    await self._write_pending(shard)  # the file is written in order
                     added, jobs = await anyio.to_thread.run_sync(self._append_all, shard, jobs)
                 full = shard.size >= self._max_bytes
                 if full:
@@ -261,21 +156,20 @@ class ShardsLayout:
         if shard is not None:
             await self._send(shard)
 
-    async def _send(self, shard: _Shard) -> None:
+    async def _send(self, shard: Shard) -> None:
         self._detached.add(shard)
         await self._sealed_in.send(shard)
 
-    async def _sealer(self, sealed: MemoryObjectReceiveStream[_Shard]) -> None:
+    async def _sealer(self, sealed: MemoryObjectReceiveStream[Shard]) -> None:
         async with sealed:
             async for shard in sealed:
                 await self._seal(shard)
 
-    async def _append_bytes(self, shard: _Shard, jobs: list[Job]) -> tuple[list[Job], list[Job]]:
-        """Append the leading jobs whose bytes are ready, until the shard is full: laid out on
-        the loop, written in one thread hop. Returns those added, and the rest."""
-        start = shard.size
-        chunks: list[bytes | memoryview] = []
-        members: list[_Member] = []
+    async def _append_bytes(self, shard: Shard, jobs: list[Job]) -> tuple[list[Job], list[Job]]:
+        """Lay out the leading jobs whose bytes are ready, until the shard is full; write them
+        once :data:`WRITE_AT` bytes wait (or the shard is full). Returns those laid out (and
+        not failed), and the rest."""
+        added: list[Job] = []
         rest: list[Job] = []
         for index, job in enumerate(jobs):
             if shard.size >= self._max_bytes or not isinstance(job.payload, BytesPayload):
@@ -286,20 +180,27 @@ class ShardsLayout:
             except DumpExistsError as exc:  # this dump's failure: the others go on
                 self._outcomes.failed(job, exc)
                 continue
-            members.append(shard.plan(job, chunks))
-        try:
-            await anyio.to_thread.run_sync(shard.write_planned, chunks, start)
-        except Exception as exc:  # the whole batch's write: each of its dumps failed
-            shard.size = start
-            for member in members:
-                self._outcomes.failed(member.job, _as_dump_error(exc, member.job))
-            return [], rest
-        shard.members += members
-        for member in members:
-            member.job.payload = None  # the spool has its bytes now
-        return [member.job for member in members], rest
+            shard.plan(job)
+            job.payload = None  # the shard has its bytes now
+            added.append(job)
+        if shard.pending_bytes >= WRITE_AT or shard.size >= self._max_bytes:
+            await self._write_pending(shard)
+            added = [job for job in added if not job.future.done()]  # a failed write
+        return added, rest
 
-    def _append_all(self, shard: _Shard, jobs: list[Job]) -> tuple[list[Job], list[Job]]:
+    async def _write_pending(self, shard: Shard) -> None:
+        """Write the members laid out in *shard*; if that fails, they fail (typed)."""
+        if not shard.pending:
+            return
+        try:
+            await anyio.to_thread.run_sync(shard.write_pending)
+        except Exception as exc:  # their dumps failed; the shard goes on without them
+            failed = shard.pending
+            shard.drop_pending()
+            for member in failed:
+                self._outcomes.failed(member.job, _as_dump_error(exc, member.job))
+
+    def _append_all(self, shard: Shard, jobs: list[Job]) -> tuple[list[Job], list[Job]]:
         """Append jobs until the shard is full (blocking); returns those added, and the rest.
 
         A job that fails is settled at once; the others wait for their shard's commit.
@@ -328,11 +229,11 @@ class ShardsLayout:
                 )
             self._existing.add(path)
 
-    async def _new_shard(self) -> _Shard:
+    async def _new_shard(self) -> Shard:
         sequence, self._sequence = self._sequence, self._sequence + 1
         spool = os.path.join(self._spool_dir, temp_path_for("shard", self._who))
-        file = await anyio.to_thread.run_sync(_create, spool)
-        return _Shard(shard_path(self._writer, sequence), spool, file)
+        file = await anyio.to_thread.run_sync(create_spool, spool)
+        return Shard(shard_path(self._writer, sequence), spool, file)
 
     # ------------------------------------------------------------------ sealing
 
@@ -352,12 +253,19 @@ class ShardsLayout:
         if any(not job.future.done() for job in jobs):
             await self.seal()
 
-    async def _seal(self, shard: _Shard) -> None:
+    async def _seal(self, shard: Shard) -> None:
         self._detached.discard(shard)
+        await self._write_pending(shard)
         if not shard.members:
             await anyio.to_thread.run_sync(shard.discard)
             return
-        await anyio.to_thread.run_sync(shard.finish)
+        try:
+            await anyio.to_thread.run_sync(shard.finish)
+        except Exception as exc:  # the spool's end could not be written: its dumps failed
+            await anyio.to_thread.run_sync(shard.discard)
+            for member in shard.members:
+                self._outcomes.failed(member.job, _as_dump_error(exc, member.job))
+            return
         payload = FilePayload(shard.spool, shard.size, checksum="")
         what = f"writing shard {shard.path!r}"
         write = functools.partial(self._storage.write_atomic, shard.path, payload, overwrite=True)
@@ -398,7 +306,7 @@ class ShardsLayout:
             if shard is not None and time.monotonic() - shard.opened_at >= self._max_age:
                 await self._seal_if_open(shard)  # here, not by the sealers: they may be gone
 
-    async def _seal_if_open(self, shard: _Shard) -> None:
+    async def _seal_if_open(self, shard: Shard) -> None:
         async with self._lock:
             if self._open is not shard:
                 return  # sealed meanwhile (full, or a flush)
@@ -414,11 +322,6 @@ class ShardsLayout:
     def _notify(self) -> None:
         event, self._progress = self._progress, anyio.Event()
         event.set()
-
-
-def _create(path: str) -> BinaryIO:
-    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-    return os.fdopen(os.open(path, flags, 0o600), "w+b", buffering=1 << 20)
 
 
 def _as_dump_error(exc: Exception, job: Job) -> Exception:

@@ -1,0 +1,181 @@
+"""A shard in the making: its local spool file and the members laid out in it.
+
+Members whose bytes are ready (a serialized small dump) are laid out on the event loop
+(:meth:`Shard.plan`: a tar header, the bytes, the padding) and written to the spool together,
+once :data:`WRITE_AT` bytes are waiting or before anything else is appended, sealed or
+dropped (:meth:`Shard.write_pending`, in a worker thread). A thread hop per batch of a few
+dumps cost the caller more than the dumps: while that thread waited to take the GIL back,
+every GIL release of the caller's thread (torch releases it in ``Tensor.is_neg``) woke it for
+nothing (benchmarks/README.md, twelfth pass). Other payloads are appended by a thread, one by
+one (:meth:`Shard.append`). Offsets are known when a member is laid out: the file is written
+strictly in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import time
+from dataclasses import dataclass, field
+from typing import BinaryIO, Final
+
+from trajtrack.backends import BytesPayload, write_payload
+from trajtrack.layouts.shards import (
+    END_OF_ARCHIVE,
+    ShardFormatError,
+    header_size,
+    member_header,
+    padding,
+)
+from trajtrack.tracker._queue import Job
+
+__all__ = ["WRITE_AT", "Member", "Shard", "create_spool"]
+
+IN_MEMORY_MAX: Final = 1 << 20  # smaller payloads are serialized into memory, then written
+WRITE_AT: Final = 1 << 20
+"""Bytes of laid-out members that are written to the spool at once."""
+
+
+@dataclass(eq=False)
+class Member:
+    """A dump in a shard: where its bytes are, their size and CRC-32."""
+
+    job: Job
+    offset: int
+    size: int
+    checksum: str
+    written_at: float = field(default_factory=time.time)  # in order: dump order across shards
+
+
+@dataclass(eq=False)
+class Shard:
+    """One shard in the making: a local spool file and the members appended to it."""
+
+    path: str  # its final path in the storage
+    spool: str  # the local file
+    file: BinaryIO
+    size: int = 0  # laid out, written or not
+    members: list[Member] = field(default_factory=list)  # in the spool file
+    opened_at: float = field(default_factory=time.monotonic)
+    pending: list[Member] = field(default_factory=list)  # laid out, not written yet
+    _pieces: list[bytes | memoryview] = field(default_factory=list)
+    _pending_bytes: int = 0
+    _written: int = 0  # bytes in the spool file
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes laid out and not written yet."""
+        return self._pending_bytes
+
+    def plan(self, job: Job) -> Member:
+        """Lay out *job* (its bytes ready: a :class:`BytesPayload`) as the next member, to be
+        written by :meth:`write_pending` (cheap; on the loop)."""
+        payload = job.payload
+        assert isinstance(payload, BytesPayload)
+        result = payload.counted()
+        header = member_header(job.path, result.size, time.time())
+        tail = padding(result.size)
+        self._pieces += (header, payload.data, tail)
+        start = self.size
+        offset = start + len(header)
+        self.size = offset + result.size + len(tail)
+        self._pending_bytes += self.size - start
+        member = Member(job, offset, result.size, result.checksum)
+        self.pending.append(member)
+        return member
+
+    def write_pending(self) -> None:
+        """Write the members laid out so far (blocking; in a worker thread): one ``write``.
+
+        On failure nothing of them stays in the file; they stay :attr:`pending` (the caller
+        fails them and calls :meth:`drop_pending`).
+        """
+        if not self._pieces:
+            return
+        try:
+            self.file.write(b"".join(self._pieces))
+            self.file.flush()
+        except BaseException:
+            self._truncate()
+            raise
+        self.members += self.pending
+        self.pending = []
+        self._pieces = []
+        self._pending_bytes = 0
+        self._written = self.size
+
+    def drop_pending(self) -> None:
+        """Forget the members laid out and not written (their write failed)."""
+        self.pending = []
+        self._pieces = []
+        self._pending_bytes = 0
+        self.size = self._written
+
+    def append(self, job: Job) -> Member:
+        """Write *job*'s payload as the next member (blocking; in a worker thread; nothing
+        may be pending)."""
+        assert not self.pending
+        try:
+            if job.nbytes <= IN_MEMORY_MAX:
+                member = self._append_small(job)
+            else:
+                member = self._append_streamed(job)
+        except BaseException:
+            self.size = self._written
+            self._truncate()  # nothing of a failed member stays in the shard
+            raise
+        self._written = self.size
+        self.members.append(member)
+        return member
+
+    def _truncate(self) -> None:
+        self.file.seek(self._written)
+        self.file.truncate()
+
+    def _append_small(self, job: Job) -> Member:
+        buffer = io.BytesIO()
+        written = write_payload(job.payload, buffer)
+        size = written.size
+        header = member_header(job.path, size, time.time())
+        self.file.write(header)
+        self.file.write(buffer.getbuffer())
+        self.file.write(padding(size))
+        offset = self.size + len(header)
+        self.size = offset + size + len(padding(size))
+        return Member(job, offset, size, written.checksum)
+
+    def _append_streamed(self, job: Job) -> Member:
+        # A large payload streams straight into the shard; its header, which holds its size,
+        # is written in place afterwards (its length depends only on the name).
+        reserved = header_size(job.path)
+        offset = self.size + reserved
+        self.file.seek(offset)
+        written = write_payload(job.payload, self.file)
+        self.file.write(padding(written.size))
+        self.file.flush()
+        header = member_header(job.path, written.size, time.time())
+        if len(header) != reserved:
+            raise ShardFormatError(f"{job.path}: the member header changed size")
+        os.pwrite(self.file.fileno(), header, self.size)
+        self.size = offset + written.size + len(padding(written.size))
+        return Member(job, offset, written.size, written.checksum)
+
+    def finish(self) -> None:
+        """End the archive and close the spool file (blocking; nothing may be pending)."""
+        assert not self.pending
+        self.file.write(END_OF_ARCHIVE)
+        self.file.close()
+        self.size += len(END_OF_ARCHIVE)
+
+    def discard(self) -> None:
+        """Close and delete the spool file (blocking)."""
+        self.file.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.spool)
+
+
+def create_spool(path: str) -> BinaryIO:
+    """A new spool file at *path* (blocking)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o600), "w+b", buffering=1 << 20)
