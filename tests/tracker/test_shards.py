@@ -26,7 +26,7 @@ from trajtrack import (
 )
 from trajtrack.backends.memory import MemoryStorage
 from trajtrack.layouts.shards import SHARDS_DIR, is_shard_path
-from trajtrack.tracker import _shards as shards_module
+from trajtrack.tracker import _shard_spool as shard_spool, _shards as shards_module
 
 SHARDS = Path(SHARDS_DIR)
 
@@ -258,35 +258,32 @@ async def test_on_exists_error_refuses_names_this_tracker_or_the_record_has(
         assert (await fresh).path == "fresh.pth"
 
 
-class _FlakySpool:
-    """A shard's spool file whose next write fails (a full disk) once ``fail`` is set."""
+class _FullDisk:
+    """The spool's ``writev`` loop: once ``fail`` is set, the next write stops half-way with
+    ENOSPC (a full disk)."""
 
     fail = threading.Event()
 
-    def __init__(self, file: BinaryIO) -> None:
-        self._file = file
+    def __init__(self, real: Any) -> None:
+        self._real = real
 
-    def write(self, data: bytes) -> int:
-        if self.fail.is_set():  # half of it written, then the disk is full
+    def __call__(self, fd: int, pieces: list[Any]) -> None:
+        if self.fail.is_set():
             self.fail.clear()
-            self._file.write(data[: len(data) // 2])
+            self._real(fd, pieces[: max(1, len(pieces) // 2)])
             raise OSError(errno.ENOSPC, "No space left on device")
-        return self._file.write(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._file, name)
+        self._real(fd, pieces)
 
 
 async def test_a_spool_write_that_fails_fails_its_dumps_and_leaves_no_trace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = shards_module.create_spool
-    monkeypatch.setattr(shards_module, "create_spool", lambda path: _FlakySpool(real(path)))
+    monkeypatch.setattr(shard_spool, "_write_all", _FullDisk(shard_spool._write_all))
     monkeypatch.setattr(shards_module, "WRITE_AT", 1)  # each batch written at once
     async with _memory(None, shard_max_age=600) as tracker:
         before = await tracker.dump(tiny(0), "before")
         await _until(lambda: tracker.statistics().pending_items == 0)  # in the spool
-        _FlakySpool.fail.set()
+        _FullDisk.fail.set()
         lost = [tracker.dump_nowait(tiny(i), f"lost{i}") for i in range(3)]  # one batch
         for handle in lost:
             with anyio.fail_after(30), pytest.raises(StorageError, match="no space left"):
@@ -316,12 +313,11 @@ def test_layout_options_are_checked() -> None:
 async def test_dumps_laid_out_but_not_written_fail_when_their_seal_cannot_write_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = shards_module.create_spool
-    monkeypatch.setattr(shards_module, "create_spool", lambda path: _FlakySpool(real(path)))
+    monkeypatch.setattr(shard_spool, "_write_all", _FullDisk(shard_spool._write_all))
     async with _memory(None, shard_max_age=600) as tracker:
         waiting = [await tracker.dump(tiny(i), f"w{i}") for i in range(5)]  # under WRITE_AT
         await _until(lambda: tracker.statistics().pending_items == 0)
-        _FlakySpool.fail.set()  # the seal's write of them fails
+        _FullDisk.fail.set()  # the seal's write of them fails
         with pytest.raises(StorageError, match="no space left"):
             await tracker.flush(timeout=30)
         for handle in waiting:

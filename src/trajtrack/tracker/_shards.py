@@ -189,7 +189,7 @@ class ShardsLayout:
         return added, rest
 
     async def _write_pending(self, shard: Shard) -> None:
-        """Write the members laid out in *shard*; if that fails, they fail (typed)."""
+        """Write the members laid out in *shard*, in a thread; if that fails, they fail."""
         if not shard.pending:
             return
         try:
