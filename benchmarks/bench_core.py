@@ -198,17 +198,31 @@ def bench_throughput(quick: bool, scratch: Path, rounds: int = 3) -> dict[str, A
         mb = len(data) * n / 1e6
         kinds = ("inline", "tracker", "raw") if size != "4KB" else ("tracker", "inline", "threads")
         measured: dict[str, list[float]] = {kind: [] for kind in kinds}
+        # One unmeasured round of each writer first: on this VM the first touch of memory
+        # the guest has not used for a while (page cache, the staging arena) costs several
+        # times a later one, and the first measured round of a process ran at a third of the
+        # others' speed, tracker or not (pass 12). A training process dumps in steady state.
+        for kind in kinds:
+            root = scratch / f"tp-{size}-{kind}-warm"
+            _one_throughput(kind, obj, data, n, root)
+            subprocess.run(["rm", "-rf", str(root)], check=True)
+            os.sync()
         for round_ in range(rounds):
             for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
                 root = scratch / f"tp-{size}-{kind}-{round_}"
                 measured[kind].append(_one_throughput(kind, obj, data, n, root))
                 if len(data) > 64 << 10:  # larger files: their dirty pages go at once
                     subprocess.run(["rm", "-rf", str(root)], check=True)
+                    # ... and the deletion settles before the next writer: without this, a
+                    # round right after deleting 300 MB here ran at a third of its speed,
+                    # whichever writer it was (plain os.write loops too; pass 12).
+                    os.sync()
         # Many small files are deleted only now: ext4 scans the inode table for recently
         # deleted inodes when it allocates new ones, so thousands of files deleted between two
         # writers' rounds made the next writer's file creations 2-10x dearer (perf:
         # recently_deleted; 16-250 us per file here), whichever writer came next.
         subprocess.run(["rm", "-rf", *map(str, scratch.glob(f"tp-{size}-*"))], check=True)
+        os.sync()
         times = {kind: statistics.median(seconds) for kind, seconds in measured.items()}
         entry = {
             k: {"seconds": v, "dumps_per_s": n / v, "mb_per_s": mb / v, "rounds": measured[k]}
