@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import anyio.to_thread
 
@@ -108,14 +108,7 @@ class HelperRuns:
                 report(index, exc)
             return
         batch, outcome = self._batch(items, start, end, report)
-        self._writer.write(
-            directory,
-            batch,
-            overwrite=overwrite,
-            fsync=self._fsync,
-            mode=self._mode,
-            report=outcome,
-        )
+        self._writer.write(directory, batch, **self._how(overwrite), report=outcome)
 
     async def write_many(
         self, items: Items, overwrite: bool, report: Report, in_thread: InThread, open_dir: OpenDir
@@ -153,6 +146,10 @@ class HelperRuns:
         if kept is not None:
             os.close(kept[1])
 
+    def _how(self, overwrite: bool) -> dict[str, Any]:
+        """The writer's options for a run."""
+        return {"overwrite": overwrite, "fsync": self._fsync, "mode": self._mode}
+
     def _next_run(self, items: Items, start: int) -> int:
         while start < len(items) and self.small_run(items, start) == start:
             start += 1
@@ -171,14 +168,8 @@ class HelperRuns:
             return True
         try:
             batch, outcome = self._batch(items, start, end, report)
-            return await self._writer.write_async(
-                directory,
-                batch,
-                overwrite=overwrite,
-                fsync=self._fsync,
-                mode=self._mode,
-                report=outcome,
-            )
+            how = self._how(overwrite)
+            return await self._writer.write_async(directory, batch, **how, report=outcome)
         finally:
             os.close(directory)
 

@@ -166,8 +166,7 @@ class WriterProcess:
                 # so it cannot serve the next one.
                 self._drop(kill=True)
                 raise
-            for index in range(reported[0], len(items)):
-                report(index, WriterGone(f"the writer process did not write this file ({lost})"))
+            _unreported(report, reported[0], len(items), lost)
 
     async def write_async(
         self,
@@ -206,8 +205,7 @@ class WriterProcess:
             lost = str(exc) or type(exc).__name__
         finally:
             self._after_channel(channel)
-        for index in range(reported, len(items)):
-            report(index, WriterGone(f"the writer process did not write this file ({lost})"))
+        _unreported(report, reported, len(items), lost)
         return True
 
     async def _channel_here(self) -> Channel | None:
@@ -422,6 +420,12 @@ def _frame(
     flags = (child.OVERWRITE if overwrite else 0) | (child.FSYNC if fsync else 0)
     parts[0] = child.HEADER.pack(len(items), flags, mode, length)
     return b"".join(parts)
+
+
+def _unreported(report: Report, start: int, count: int, lost: str | None) -> None:
+    """The files from *start* on were not answered: each fails as not written (retryable)."""
+    for index in range(start, count):
+        report(index, WriterGone(f"the writer process did not write this file ({lost})"))
 
 
 def _log_lost(exc: BaseException, starts: int) -> None:
