@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 import anyio
@@ -58,6 +58,14 @@ import anyio
 from trajtrack.backends import _writer_child as child
 from trajtrack.backends._staging import Arena, Block, StagedPayload, Staging, make_arena
 from trajtrack.backends._writer_channel import Channel
+from trajtrack.backends._writer_frames import (
+    Failure,
+    Report,
+    WriterGone,
+    encode_frame,
+    read_results,
+    unreported,
+)
 
 __all__ = ["MAX_STARTS", "REPLY_TIMEOUT", "Failure", "WriterGone", "WriterProcess"]
 
@@ -71,28 +79,6 @@ and its unreported files fail as retryable (the tracker retries them on threads)
 STOP_TIMEOUT: Final = 10.0
 """Seconds :meth:`WriterProcess.close` waits for the helper to finish before killing it."""
 _CHILD: Final = child.__file__
-
-
-class Failure:
-    """A file the helper could not write: which step failed (``"creating"``...), and ``errno``."""
-
-    __slots__ = ("error", "exists", "operation")
-
-    def __init__(self, operation: int, error: int) -> None:
-        self.operation = child.OPERATIONS.get(operation, "writing")
-        self.exists = operation == child.OP_EXISTS
-        self.error = error
-
-    def oserror(self, where: str) -> OSError:
-        return OSError(self.error, os.strerror(self.error), where)
-
-
-class WriterGone(Exception):
-    """The helper could not be started, or exited before reporting a file."""
-
-
-Report = Callable[[int, "Failure | WriterGone | None"], None]
-"""``report(index, outcome)``: None for a file written."""
 
 
 class WriterProcess:
@@ -142,7 +128,7 @@ class WriterProcess:
         """Write *items* (``(temporary name, final name, data)``; data: bytes, or a block of
         the arena) in *directory* (a descriptor, which stays the caller's);
         ``report(index, outcome)`` for each, in order, as it ends."""
-        frame = _frame(items, overwrite=overwrite, fsync=fsync, mode=mode)
+        frame = encode_frame(items, overwrite=overwrite, fsync=fsync, mode=mode)
         reported = [0]
 
         def counted(index: int, outcome: Failure | WriterGone | None) -> None:
@@ -156,7 +142,7 @@ class WriterProcess:
                 sent = socket.send_fds(sock, [frame], [directory])
                 if sent < len(frame):
                     sock.sendall(memoryview(frame)[sent:])
-                _results(sock, len(items), counted)
+                read_results(sock, len(items), counted)
             except (OSError, WriterGone) as exc:  # TimeoutError included: REPLY_TIMEOUT
                 lost = str(exc) or type(exc).__name__
                 if not self._closed:  # a batch that raced close(): no helper failed
@@ -166,7 +152,7 @@ class WriterProcess:
                 # so it cannot serve the next one.
                 self._drop(kill=True)
                 raise
-            _unreported(report, reported[0], len(items), lost)
+            unreported(report, reported[0], len(items), lost)
 
     async def write_async(
         self,
@@ -186,7 +172,7 @@ class WriterProcess:
         channel = await self._channel_here()
         if channel is None:
             return False
-        frame = _frame(items, overwrite=overwrite, fsync=fsync, mode=mode)
+        frame = encode_frame(items, overwrite=overwrite, fsync=fsync, mode=mode)
         reported = 0
 
         def answer(index: int, status: int, operation: int, error: int) -> None:
@@ -205,7 +191,7 @@ class WriterProcess:
             lost = str(exc) or type(exc).__name__
         finally:
             self._after_channel(channel)
-        _unreported(report, reported, len(items), lost)
+        unreported(report, reported, len(items), lost)
         return True
 
     async def _channel_here(self) -> Channel | None:
@@ -397,59 +383,10 @@ class WriterProcess:
         self._arena = make_arena()
 
 
-def _frame(
-    items: Sequence[tuple[str, str, memoryview | Block]],
-    *,
-    overwrite: bool,
-    fsync: bool,
-    mode: int,
-) -> bytes:
-    parts: list[bytes | memoryview] = [b""]
-    pack = child.ITEM.pack
-    length = 0
-    for temp, name, data in items:
-        temp_b, name_b = temp.encode(), name.encode()
-        if isinstance(data, Block):  # in the arena: the helper reads it there
-            head = pack(len(temp_b), len(name_b), data.nbytes, data.offset)
-            parts += (head, temp_b, name_b)
-            length += len(head) + len(temp_b) + len(name_b)
-            continue
-        head = pack(len(temp_b), len(name_b), data.nbytes, child.INLINE)
-        parts += (head, temp_b, name_b, data)
-        length += len(head) + len(temp_b) + len(name_b) + data.nbytes
-    flags = (child.OVERWRITE if overwrite else 0) | (child.FSYNC if fsync else 0)
-    parts[0] = child.HEADER.pack(len(items), flags, mode, length)
-    return b"".join(parts)
-
-
-def _unreported(report: Report, start: int, count: int, lost: str | None) -> None:
-    """The files from *start* on were not answered: each fails as not written (retryable)."""
-    for index in range(start, count):
-        report(index, WriterGone(f"the writer process did not write this file ({lost})"))
-
-
 def _log_lost(exc: BaseException, starts: int) -> None:
     logger.warning("trajtrack: the writer process failed (%s); files go through threads", exc)
     if starts >= MAX_STARTS:
         logger.warning("trajtrack: writer process given up after %d starts", MAX_STARTS)
-
-
-def _results(sock: socket.socket, count: int, report: Report) -> None:
-    """Read *count* results, reporting each as it comes."""
-    size = child.RESULT.size
-    pending = b""
-    reported = 0
-    while reported < count:
-        chunk = sock.recv(size * (count - reported) - len(pending))
-        if not chunk:
-            raise WriterGone("the writer process exited")
-        pending += chunk
-        whole = len(pending) - len(pending) % size
-        for offset in range(0, whole, size):
-            status, operation, error = child.RESULT.unpack_from(pending, offset)
-            report(reported, None if status == child.WRITTEN else Failure(operation, error))
-            reported += 1
-        pending = pending[whole:]
 
 
 _LIVE: Final[weakref.WeakSet[WriterProcess]] = weakref.WeakSet()
