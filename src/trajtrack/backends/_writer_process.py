@@ -82,7 +82,8 @@ _CHILD: Final = child.__file__
 
 
 class WriterProcess:
-    """One helper process, shared by a storage's worker threads (one batch at a time)."""
+    """One helper process, shared by a storage's worker threads (one batch at a time) and an
+    event loop (batches in flight together, :mod:`._writer_channel`), never both at once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
