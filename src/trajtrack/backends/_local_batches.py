@@ -104,8 +104,7 @@ class HelperRuns:
             with translated(f"{self._root}/{first}"):
                 directory = directory_of(tuple(first.split("/")[:-1]))
         except StorageError as exc:
-            for index in range(start, end):
-                report(index, exc)
+            _report_all(report, start, end, exc)
             return
         batch, outcome = self._batch(items, start, end, report)
         self._writer.write(directory, batch, **self._how(overwrite), report=outcome)
@@ -142,9 +141,8 @@ class HelperRuns:
             os.close(kept[1])
 
     def __del__(self) -> None:  # a storage dropped without aclose()
-        kept = getattr(self, "_kept", None)
-        if kept is not None:
-            os.close(kept[1])
+        if getattr(self, "_kept", None) is not None:
+            self.close()
 
     def _how(self, overwrite: bool) -> dict[str, Any]:
         """The writer's options for a run."""
@@ -163,8 +161,7 @@ class HelperRuns:
             with translated(f"{self._root}/{first}"):
                 directory = await self._directory(tuple(first.split("/")[:-1]), open_dir)
         except StorageError as exc:
-            for index in range(start, end):
-                report(index, exc)
+            _report_all(report, start, end, exc)
             return True
         try:
             batch, outcome = self._batch(items, start, end, report)
@@ -209,6 +206,12 @@ class HelperRuns:
             report(start + offset, result)
 
         return batch, outcome
+
+
+def _report_all(report: Report, start: int, end: int, exc: Exception) -> None:
+    """Items *start* to *end* all failed with *exc* (their directory could not be opened)."""
+    for index in range(start, end):
+        report(index, exc)
 
 
 def _shifted(report: Report, by: int) -> Report:

@@ -46,7 +46,7 @@ import anyio
 
 from trajtrack.backends._protocol import BytesPayload, WriteResult
 
-__all__ = ["ARENA_BYTES", "Arena", "Block", "StagedPayload", "Staging", "make_arena"]
+__all__ = ["ARENA_BYTES", "Arena", "Block", "StagedPayload", "Staging", "make_arena", "set_done"]
 
 ARENA_BYTES: Final = 64 << 20
 """Size of an arena: sixteen 4 MiB dumps in flight (the default ``inline_snapshot_bytes``;
@@ -207,7 +207,7 @@ class Staging:
 
         def wake() -> None:  # in the thread that released the block
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(_resolve, woken)
+                loop.call_soon_threadsafe(set_done, woken)
 
         if not self._arena.on_release(wake, since):
             return True
@@ -221,7 +221,8 @@ class Staging:
         return False
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
+def set_done(future: asyncio.Future[None]) -> None:
+    """Resolve *future* unless it is done (a waiter woken once, however often it is told)."""
     if not future.done():
         future.set_result(None)
 

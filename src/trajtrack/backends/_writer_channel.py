@@ -4,15 +4,15 @@ Why: a batch written through a thread costs that thread five or more takes of th
 hop into the thread, around ``sendmsg`` and ``recv``, the hop back). While the caller's thread
 runs Python -- an ``await dump`` loop -- each take waits for the switch interval (5 ms), and
 every background thread of the process queues for the same GIL: measured here, a batch of 64
-4 KB dumps took 20-40 ms to go round, the helper wrote at a sixth of its speed, and the dumps
-piled up until ``flush()`` (benchmarks/README.md, twelfth pass). On the loop the same batch costs
-the loop's own thread a non-blocking ``sendmsg`` and one ``recv`` per answer: no GIL changes
-hands, and several batches are in the helper's socket at once.
+4 KB dumps took 20-280 ms to go round (14 ms once the loop was idle), and three quarters of
+the dumps waited for ``flush()`` (benchmarks/README.md, twelfth pass). On the loop the same
+batch costs the loop's own thread a non-blocking ``sendmsg`` and one ``recv`` per answer: no
+GIL changes hands, and several batches are in the helper's socket at once.
 
 A :class:`Channel` belongs to one :class:`~trajtrack.backends._writer_process.WriterProcess`
-and one loop. It holds the process's thread lock while batches are in flight (a thread's batch
-waits, and new batches from the loop go to threads while one does), so that answers never
-interleave; the helper answers frames in the order they came.
+and one loop. The process's thread lock is held while batches are in flight (a thread's batch
+waits; while a thread waits or writes, the loop sends no new batch and waits its turn), so
+that answers never interleave; the helper answers frames in the order they came.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import socket
 from collections.abc import Callable
 from typing import Final
 
-from trajtrack.backends import _writer_child as child
+from trajtrack.backends._staging import set_done
+from trajtrack.backends._writer_frames import split_answers
 
 __all__ = ["Channel", "Report"]
 
@@ -138,7 +139,7 @@ class Channel:
     async def _writable(self) -> None:
         ready = self.loop.create_future()
         fd = self._sock.fileno()
-        self.loop.add_writer(fd, _set_done, ready)
+        self.loop.add_writer(fd, set_done, ready)
         try:
             await ready
         finally:
@@ -161,22 +162,17 @@ class Channel:
             self._break(exc)
 
     def _dispatch(self, data: bytes) -> None:
-        pending = self._pending + data
-        size = child.RESULT.size
-        whole = len(pending) - len(pending) % size
-        self._pending = pending[whole:]
-        for offset in range(0, whole, size):
+        answers, self._pending = split_answers(self._pending + data)
+        for answer in answers:
             if not self._waiting:
                 raise ConnectionError("the writer process answered a file it was not sent")
             batch = self._waiting[0]
-            batch.report(batch.reported, *child.RESULT.unpack_from(pending, offset))
+            batch.report(batch.reported, *answer)
             batch.reported += 1
             if batch.reported == batch.count:
                 self._waiting.popleft()
-                _set_done(batch.done)
-        if self.idle:  # the writers were cancelled: nobody else gives the socket back
-            self._idle.set()
-            self._settled(self)
+                set_done(batch.done)
+        self._settle_if_idle()  # the writers were cancelled: nobody else gives the socket back
 
     def _check(self) -> None:
         if self._broken is not None:
@@ -194,11 +190,9 @@ class Channel:
                 batch.done.set_exception(exc)
                 batch.done.exception()  # its writer may have been cancelled: nobody to log it
         self._lost(exc)
+        self._settle_if_idle()
+
+    def _settle_if_idle(self) -> None:
         if self.idle:
             self._idle.set()
             self._settled(self)
-
-
-def _set_done(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -14,7 +14,15 @@ from collections.abc import Callable, Sequence
 from trajtrack.backends import _writer_child as child
 from trajtrack.backends._staging import Block
 
-__all__ = ["Failure", "Report", "WriterGone", "encode_frame", "read_results", "unreported"]
+__all__ = [
+    "Failure",
+    "Report",
+    "WriterGone",
+    "encode_frame",
+    "read_results",
+    "split_answers",
+    "unreported",
+]
 
 
 class Failure:
@@ -70,19 +78,22 @@ def unreported(report: Report, start: int, count: int, lost: str | None) -> None
         report(index, WriterGone(f"the writer process did not write this file ({lost})"))
 
 
+def split_answers(received: bytes) -> tuple[list[tuple[int, int, int]], bytes]:
+    """The whole answers in *received* (status, operation, ``errno``), and the bytes of a
+    partial one that remain."""
+    whole = len(received) - len(received) % child.RESULT.size
+    return list(child.RESULT.iter_unpack(received[:whole])), received[whole:]
+
+
 def read_results(sock: socket.socket, count: int, report: Report) -> None:
     """Read *count* results, reporting each as it comes."""
-    size = child.RESULT.size
     pending = b""
     reported = 0
     while reported < count:
-        chunk = sock.recv(size * (count - reported) - len(pending))
+        chunk = sock.recv(child.RESULT.size * (count - reported) - len(pending))
         if not chunk:
             raise WriterGone("the writer process exited")
-        pending += chunk
-        whole = len(pending) - len(pending) % size
-        for offset in range(0, whole, size):
-            status, operation, error = child.RESULT.unpack_from(pending, offset)
+        answers, pending = split_answers(pending + chunk)
+        for status, operation, error in answers:
             report(reported, None if status == child.WRITTEN else Failure(operation, error))
             reported += 1
-        pending = pending[whole:]

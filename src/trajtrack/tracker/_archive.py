@@ -113,6 +113,19 @@ class _Memory:
         }
 
 
+def _plain_cpu(tensor: torch.Tensor) -> bool:
+    """A CPU strided tensor that is not nested, quantized, named, and has no Python attributes
+    (torch pickles those with ``_rebuild_from_type_v2``): what this module writes."""
+    return not (
+        tensor.layout is not torch.strided
+        or not tensor.is_cpu
+        or tensor.is_nested
+        or tensor.is_quantized
+        or tensor.__dict__
+        or (_HAS_NAMES and tensor.has_names())  # type: ignore[attr-defined]
+    )
+
+
 class _StorageRef:
     """A storage in the pickle: its persistent id (torch's), and its bytes."""
 
@@ -162,14 +175,7 @@ class _Pickler(pickle.Pickler):
 
     def _reduce_tensor(self, tensor: torch.Tensor) -> Any:
         """What ``Tensor.__reduce_ex__`` returns for a plain CPU tensor, storage collected."""
-        if (
-            tensor.layout is not torch.strided
-            or not tensor.is_cpu
-            or tensor.is_nested
-            or tensor.is_quantized
-            or tensor.__dict__  # Python attributes: torch pickles them with _rebuild_from_type_v2
-            or (_HAS_NAMES and tensor.has_names())  # type: ignore[attr-defined]
-        ):
+        if not _plain_cpu(tensor):
             raise NotArchivable("a tensor that is not a plain CPU strided one")
         dtype = tensor.dtype
         storage_type = _V2_STORAGES.get(dtype)
@@ -279,17 +285,7 @@ def _flat_tensors(obj: Any) -> tuple[tuple[Any, ...], list[memoryview]] | None:
     for name, tensor in obj.items():
         if type(name) is not str or type(tensor) is not torch.Tensor:
             return None
-        if (
-            tensor.layout is not torch.strided
-            or not tensor.is_cpu
-            or tensor.is_nested
-            or tensor.is_quantized
-            or tensor.__dict__
-            or (_HAS_NAMES and tensor.has_names())  # type: ignore[attr-defined]
-            or tensor.storage_offset()
-            or tensor.is_neg()
-            or tensor.is_conj()
-        ):
+        if not _plain_cpu(tensor) or tensor.storage_offset() or tensor.is_neg() or tensor.is_conj():
             return None
         dtype = tensor.dtype
         if dtype not in _V2_STORAGES:

@@ -63,13 +63,12 @@ class Shard:
     opened_at: float = field(default_factory=time.monotonic)
     pending: list[Member] = field(default_factory=list)  # laid out, not written yet
     _pieces: list[bytes | memoryview] = field(default_factory=list)
-    _pending_bytes: int = 0
     _written: int = 0  # bytes in the spool file
 
     @property
     def pending_bytes(self) -> int:
         """Bytes laid out and not written yet."""
-        return self._pending_bytes
+        return self.size - self._written
 
     def plan(self, job: Job) -> Member:
         """Lay out *job* (its bytes ready: a :class:`BytesPayload`) as the next member, to be
@@ -80,10 +79,8 @@ class Shard:
         header = member_header(job.path, result.size, time.time())
         tail = padding(result.size)
         self._pieces += (header, payload.data, tail)
-        start = self.size
-        offset = start + len(header)
+        offset = self.size + len(header)
         self.size = offset + result.size + len(tail)
-        self._pending_bytes += self.size - start
         member = Member(job, offset, result.size, result.checksum)
         self.pending.append(member)
         return member
@@ -106,14 +103,12 @@ class Shard:
         self.members += self.pending
         self.pending = []
         self._pieces = []
-        self._pending_bytes = 0
         self._written = self.size
 
     def drop_pending(self) -> None:
         """Forget the members laid out and not written (their write failed)."""
         self.pending = []
         self._pieces = []
-        self._pending_bytes = 0
         self.size = self._written
 
     def append(self, job: Job) -> Member:

@@ -39,7 +39,7 @@ from trajtrack.layouts.names import WriterIdentity, temp_path_for
 from trajtrack.layouts.shards import ShardFormatError, shard_path
 from trajtrack.tracker._payloads import FilePayload
 from trajtrack.tracker._queue import Job, PendingQueue
-from trajtrack.tracker._shard_spool import WRITE_AT, Shard, create_spool
+from trajtrack.tracker._shard_spool import WRITE_AT, Member, Shard, create_spool
 from trajtrack.tracker._worker import Outcomes, Spawn
 
 __all__ = ["ShardsLayout"]
@@ -197,8 +197,12 @@ class ShardsLayout:
         except Exception as exc:  # their dumps failed; the shard goes on without them
             failed = shard.pending
             shard.drop_pending()
-            for member in failed:
-                self._outcomes.failed(member.job, _as_dump_error(exc, member.job))
+            self._fail(failed, exc)
+
+    def _fail(self, members: list[Member], exc: Exception) -> None:
+        """The dumps of *members* failed with *exc* (a spool write)."""
+        for member in members:
+            self._outcomes.failed(member.job, _as_dump_error(exc, member.job))
 
     def _append_all(self, shard: Shard, jobs: list[Job]) -> tuple[list[Job], list[Job]]:
         """Append jobs until the shard is full (blocking); returns those added, and the rest.
@@ -263,8 +267,7 @@ class ShardsLayout:
             await anyio.to_thread.run_sync(shard.finish)
         except Exception as exc:  # the spool's end could not be written: its dumps failed
             await anyio.to_thread.run_sync(shard.discard)
-            for member in shard.members:
-                self._outcomes.failed(member.job, _as_dump_error(exc, member.job))
+            self._fail(shard.members, exc)
             return
         payload = FilePayload(shard.spool, shard.size, checksum="")
         what = f"writing shard {shard.path!r}"
