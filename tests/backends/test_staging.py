@@ -12,6 +12,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from _support.writer import write_batch
 from trajtrack.backends import WriteResult, _staging as staging, checksum_of
 from trajtrack.backends._staging import Arena, Block, StagedPayload, Staging
 from trajtrack.backends._writer_process import Failure
@@ -221,21 +222,14 @@ async def test_the_helper_refuses_an_offset_outside_the_arena(tmp_path: Path) ->
         writer = storage._writer
         assert writer is not None and writer._arena is not None
         outside = Block(writer._arena, writer._arena.size - PAGE, 2 * PAGE, 0)
-        outcomes: list[Failure | object] = []
         directory = os.open(tmp_path / "dest", os.O_RDONLY | os.O_DIRECTORY)
         try:
-            await anyio.to_thread.run_sync(
-                lambda: writer.write(
-                    directory,
-                    [(".t", "d", outside)],
-                    overwrite=True,
-                    fsync=False,
-                    mode=0o644,
-                    report=lambda index, outcome: outcomes.append(outcome),
-                )
+            answers = await anyio.to_thread.run_sync(
+                write_batch, writer, directory, [(".t", "d", outside)]
             )
         finally:
             os.close(directory)
+        outcomes = [outcome for _, outcome in answers]
         assert len(outcomes) == 1 and isinstance(outcomes[0], Failure)
         assert outcomes[0].error == 14  # EFAULT
         assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == [".trajtrack"]

@@ -15,8 +15,15 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from _support.writer import write_batch
 from trajtrack._exceptions import StorageUnavailableError
-from trajtrack.backends import WriteResult, _writer_process as writer_process, checksum_of
+from trajtrack.backends import (
+    WriteResult,
+    _writer_child as child,
+    _writer_process as writer_process,
+    checksum_of,
+)
+from trajtrack.backends._writer_frames import split_answers
 from trajtrack.backends.local import LocalStorage
 from trajtrack.tracker._payloads import BytesPayload
 
@@ -152,14 +159,7 @@ async def test_a_thread_and_the_loop_share_the_helper_without_mixing_answers(
 
     def from_thread() -> None:  # every one fails: a directory is in the way
         items = [(f".t{i}", "blocked", memoryview(b"x")) for i in range(100)]
-        writer.write(
-            directory,
-            items,
-            overwrite=True,
-            fsync=False,
-            mode=0o644,
-            report=lambda i, o: seen.append((i, o)),
-        )
+        seen.extend(write_batch(writer, directory, items))
 
     try:
         batches = [_items(f"s{n}_", 300) for n in range(6)]
@@ -196,14 +196,8 @@ def test_a_loop_closed_with_a_batch_in_flight_gives_the_helper_back(tmp_path: Pa
 
     def from_thread() -> None:
         try:
-            writer.write(
-                directory,
-                [(".t", "later.pth", memoryview(b"later"))],
-                overwrite=True,
-                fsync=False,
-                mode=0o644,
-                report=lambda i, o: seen.append(o),
-            )
+            answers = write_batch(writer, directory, [(".t", "later.pth", memoryview(b"later"))])
+            seen.extend(outcome for _, outcome in answers)
         except BaseException as exc:  # pragma: no cover - reported below
             result.append(exc)
 
@@ -247,3 +241,14 @@ async def test_close_gives_up_on_batches_that_are_never_answered(
     outcomes = await write
     assert all(isinstance(o, StorageUnavailableError) and o.retryable for o in outcomes)
     assert await anyio.to_thread.run_sync(helper.wait, 10) == -signal.SIGKILL
+
+
+def test_answers_split_across_reads_are_joined() -> None:
+    sent = [(child.WRITTEN, 0, 0), (child.FAILED, child.OP_CREATE, 13), (child.WRITTEN, 0, 0)]
+    stream = b"".join(child.RESULT.pack(*answer) for answer in sent)
+    received: list[tuple[int, int, int]] = []
+    rest = b""
+    for start in range(0, len(stream), 4):  # reads that end inside an answer
+        answers, rest = split_answers(rest + stream[start : start + 4])
+        received += answers
+    assert received == sent and rest == b""

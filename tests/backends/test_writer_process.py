@@ -15,6 +15,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from _support.writer import write_batch
 from trajtrack import DumpExistsError, StorageError, StoragePermissionError, Tracker
 from trajtrack._exceptions import StorageUnavailableError
 from trajtrack.backends import WriteResult, _writer_process as writer_process, checksum_of
@@ -308,16 +309,8 @@ def test_a_report_that_raises_leaves_no_unread_answers_behind(tmp_path: Path) ->
     try:
         with pytest.raises(RuntimeError, match="callback bug"):
             writer.write(directory, items, overwrite=True, fsync=False, mode=0o644, report=raising)
-        seen: list[tuple[int, object]] = []
         again = [(".u", "adir", memoryview(b"yy"))]  # fails: a directory is in the way
-        writer.write(
-            directory,
-            again,
-            overwrite=True,
-            fsync=False,
-            mode=0o644,
-            report=lambda i, o: seen.append((i, o)),
-        )
+        seen = write_batch(writer, directory, again)
         # its own answer, not a "written" left over from the batch before
         ((index, outcome),) = seen
         assert index == 0 and isinstance(outcome, writer_process.Failure)
@@ -332,16 +325,11 @@ def test_a_batch_after_close_fails_its_files_without_blaming_a_helper(
     writer = writer_process.WriterProcess()
     writer.close()
     directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    seen: list[object] = []
     try:
-        writer.write(
-            directory,
-            [(".t", "f", memoryview(b"x"))],
-            overwrite=True,
-            fsync=False,
-            mode=0o644,
-            report=lambda i, o: seen.append(o),
-        )
+        seen = [
+            outcome
+            for _, outcome in write_batch(writer, directory, [(".t", "f", memoryview(b"x"))])
+        ]
     finally:
         os.close(directory)
     ((outcome,),) = [seen]
