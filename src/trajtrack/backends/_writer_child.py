@@ -1,4 +1,5 @@
-"""The writer process: writes small files for a :class:`~trajtrack.backends.local.LocalStorage`.
+"""The writer process: writes small files for a :class:`~trajtrack.backends.local.LocalStorage`,
+and the shards layout's spool files.
 
 Run as a script (``python -I -S _writer_child.py FD ARENA_FD ARENA_SIZE``), never imported by
 it: it needs nothing but the standard library, so it starts in milliseconds and holds no GIL
@@ -6,7 +7,8 @@ that the tracker's process needs. See :mod:`trajtrack.backends._writer_process` 
 exists and for the protocol, which is all this file knows:
 
 * a *frame* from the parent: a header (:data:`HEADER`: item count, flags, file mode, body
-  length) sent with one directory descriptor (``SCM_RIGHTS``), then the body: per item
+  length, file offset) sent with one directory's descriptor (``SCM_RIGHTS``), then the body:
+  per item
   :data:`ITEM` (temporary name length, final name length, data length, arena offset), the two
   names (UTF-8) and the data -- or, when the offset is not :data:`INLINE`, no data: it is in
   the staging arena (:mod:`~trajtrack.backends._staging`, a ``memfd`` inherited as
@@ -15,7 +17,10 @@ exists and for the protocol, which is all this file knows:
   its ``errno``; those of a frame together, or what is done every :data:`REPORT_EVERY`
   seconds when the disk is slow.
 
-Each item is written as the thread path writes it: created under its temporary name with
+An :data:`APPEND` frame carries a regular file's descriptor instead (a shard's spool file,
+opened by the parent): its items have no names, and their data is written into that file with
+``pwrite``, one after the other from the header's file offset. Any other frame's items are
+files, each written as the thread path writes it: created under its temporary name with
 ``O_EXCL | O_NOFOLLOW`` relative to the directory's descriptor, written, optionally fsynced,
 then published under its final name with ``rename`` (overwrite) or ``link`` + ``unlink`` (no
 overwrite: fails if the name exists); a failed item leaves no temporary file. The names were
@@ -40,8 +45,9 @@ import sys
 import time
 from typing import Final
 
-HEADER: Final = struct.Struct("<IIIQ")
-"""Item count, flags (:data:`OVERWRITE`, :data:`FSYNC`), file mode, body length."""
+HEADER: Final = struct.Struct("<IIIQQ")
+"""Item count, flags (:data:`OVERWRITE`, :data:`FSYNC`, :data:`APPEND`), file mode, body
+length, file offset (of an :data:`APPEND` frame's first item)."""
 ITEM: Final = struct.Struct("<HHIQ")
 """Temporary name length, final name length, data length, arena offset (:data:`INLINE`: the
 data follows the names)."""
@@ -55,6 +61,7 @@ the parent per file would cost more than the file)."""
 
 OVERWRITE: Final = 1
 FSYNC: Final = 2
+APPEND: Final = 4
 WRITTEN: Final = 0
 FAILED: Final = 1
 OP_CREATE, OP_WRITE, OP_FSYNC, OP_PUBLISH, OP_EXISTS = 1, 2, 3, 4, 5
@@ -87,8 +94,10 @@ def _exactly(sock: socket.socket, buffer: memoryview) -> bool:
     return True
 
 
-def _frame(sock: socket.socket) -> tuple[tuple[int, int, int, int], int, memoryview] | None:
-    """The next frame: its header, its directory descriptor and its body; None at the end."""
+def _frame(
+    sock: socket.socket,
+) -> tuple[tuple[int, int, int, int, int], int, memoryview] | None:
+    """The next frame: its header, its descriptor and its body; None at the end."""
     head, fds, _flags, _address = socket.recv_fds(sock, HEADER.size, 1)
     if not head:
         for fd in fds:
@@ -146,6 +155,15 @@ def _write_one(
         raise _Failed(operation, exc.errno or 0) from None
 
 
+def _write_at(fd: int, data: memoryview, position: int) -> None:
+    written = 0
+    try:
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], position + written)
+    except OSError as exc:
+        raise _Failed(OP_WRITE, exc.errno or 0) from None
+
+
 def _arena(fd: int, size: int) -> memoryview:
     """The staging arena's pages, read-only (empty without one)."""
     if fd < 0 or size <= 0:
@@ -158,7 +176,7 @@ def _arena(fd: int, size: int) -> memoryview:
 
 def _serve(sock: socket.socket, arena: memoryview) -> None:
     while (frame := _frame(sock)) is not None:
-        (count, flags, mode, _length), directory, body = frame
+        (count, flags, mode, _length, position), directory, body = frame
         offset = 0
         results: list[bytes] = []
         since = time.monotonic()
@@ -178,7 +196,11 @@ def _serve(sock: socket.socket, arena: memoryview) -> None:
                 try:
                     if len(data) != data_len:  # outside the arena: refused, nothing written
                         raise _Failed(OP_WRITE, errno.EFAULT)
-                    _write_one(directory, temp, name, data, flags, mode)
+                    if flags & APPEND:
+                        _write_at(directory, data, position)
+                        position += data_len
+                    else:
+                        _write_one(directory, temp, name, data, flags, mode)
                     result = RESULT.pack(WRITTEN, 0, 0)
                 except _Failed as failed:
                     result = RESULT.pack(FAILED, failed.operation, failed.error)

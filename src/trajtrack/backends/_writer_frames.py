@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from trajtrack.backends import _writer_child as child
 from trajtrack.backends._staging import Block
@@ -18,6 +19,7 @@ __all__ = [
     "Failure",
     "Report",
     "WriterGone",
+    "encode_append",
     "encode_frame",
     "read_results",
     "split_answers",
@@ -68,8 +70,21 @@ def encode_frame(
         parts += (head, temp_b, name_b, data)
         length += len(head) + len(temp_b) + len(name_b) + data.nbytes
     flags = (child.OVERWRITE if overwrite else 0) | (child.FSYNC if fsync else 0)
-    parts[0] = child.HEADER.pack(len(items), flags, mode, length)
+    parts[0] = child.HEADER.pack(len(items), flags, mode, length, 0)
     return b"".join(parts)
+
+
+APPEND_MAX: Final = (1 << 32) - 1
+"""Bytes one :func:`encode_append` frame can carry (an item's data length is 32 bits)."""
+
+
+def encode_append(position: int, pieces: Sequence[bytes | memoryview]) -> bytes:
+    """A frame that writes *pieces*, in order, into a file from *position* on (one item)."""
+    size = sum(memoryview(piece).nbytes for piece in pieces)
+    if size > APPEND_MAX:
+        raise ValueError(f"{size} bytes are more than one frame carries")
+    head = child.HEADER.pack(1, child.APPEND, 0, child.ITEM.size + size, position)
+    return b"".join([head, child.ITEM.pack(0, 0, size, child.INLINE), *pieces])
 
 
 def unreported(report: Report, start: int, count: int, lost: str | None) -> None:

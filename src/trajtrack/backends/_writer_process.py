@@ -62,12 +62,20 @@ from trajtrack.backends._writer_frames import (
     Failure,
     Report,
     WriterGone,
+    encode_append,
     encode_frame,
     read_results,
     unreported,
 )
 
-__all__ = ["MAX_STARTS", "REPLY_TIMEOUT", "Failure", "WriterGone", "WriterProcess"]
+__all__ = [
+    "MAX_STARTS",
+    "REPLY_TIMEOUT",
+    "Failure",
+    "WriterGone",
+    "WriterProcess",
+    "enabled_by_default",
+]
 
 logger = logging.getLogger("trajtrack")
 
@@ -81,17 +89,23 @@ STOP_TIMEOUT: Final = 10.0
 _CHILD: Final = child.__file__
 
 
+def enabled_by_default() -> bool:
+    """Whether writer processes are used when not said: yes, unless
+    ``TRAJTRACK_WRITER_PROCESS=0``."""
+    return os.environ.get("TRAJTRACK_WRITER_PROCESS", "1").strip() != "0"
+
+
 class WriterProcess:
     """One helper process, shared by a storage's worker threads (one batch at a time) and an
     event loop (batches in flight together, :mod:`._writer_channel`), never both at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, arena: bool = True) -> None:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._starts = 0
         self._closed = False
-        self._arena: Arena | None = make_arena()
+        self._arena: Arena | None = make_arena() if arena else None
         self._channel: Channel | None = None  # while batches from a loop are in flight
         self._threads_waiting = 0  # threads waiting for the socket: the loop lets them in
         self._count_lock = threading.Lock()
@@ -101,6 +115,11 @@ class WriterProcess:
     def usable(self) -> bool:
         """False once closed, or after :data:`MAX_STARTS` helpers failed."""
         return not self._closed and self._starts < MAX_STARTS
+
+    @property
+    def running(self) -> bool:
+        """Whether a helper is started (and not known to be lost)."""
+        return self._sock is not None
 
     def staging(self) -> Staging | None:
         """Blocks of this process's staging arena for the tracker; None without an arena."""
@@ -174,6 +193,43 @@ class WriterProcess:
         if channel is None:
             return False
         frame = encode_frame(items, overwrite=overwrite, fsync=fsync, mode=mode)
+        await self._write_frame(channel, frame, directory, len(items), report)
+        return True
+
+    async def append_async(
+        self, file: int, position: int, pieces: Sequence[bytes | memoryview]
+    ) -> Failure | WriterGone | None:
+        """Write *pieces* into *file* (a descriptor of a regular file, which stays the
+        caller's) from *position* on, from an asyncio loop, on the loop.
+
+        Returns None once written; a :class:`Failure` (the ``errno`` of the failed write:
+        part of the bytes may be in the file); a :class:`WriterGone` when the socket is not
+        free for this loop now or the helper was lost (written or not, unknown).
+        """
+        frame = encode_append(position, pieces)  # first: the channel, once bound, is ours
+        channel = await self._channel_here()
+        if channel is None:
+            return WriterGone("the writer process is not free for this loop")
+        outcome: list[Failure | WriterGone | None] = []
+        await self._write_frame(channel, frame, file, 1, lambda _, result: outcome.append(result))
+        return outcome[0]
+
+    def start(self) -> bool:
+        """Start the helper unless it runs (blocking: in a thread); whether one runs now.
+        :meth:`write_async` and :meth:`append_async` only use a helper already started."""
+        with self._thread_turn():
+            try:
+                self._connected()
+            except (OSError, WriterGone) as exc:
+                if not self._closed:
+                    _log_lost(exc, self._starts)
+                return False
+        return True
+
+    async def _write_frame(
+        self, channel: Channel, frame: bytes, fd: int, count: int, report: Report
+    ) -> None:
+        """Send *frame* through *channel*; every item is reported (unanswered: lost)."""
         reported = 0
 
         def answer(index: int, status: int, operation: int, error: int) -> None:
@@ -184,7 +240,7 @@ class WriterProcess:
         lost: str | None = None
         try:
             with anyio.fail_after(REPLY_TIMEOUT):
-                await channel.write(frame, directory, len(items), answer)
+                await channel.write(frame, fd, count, answer)
         except OSError as exc:  # TimeoutError included: REPLY_TIMEOUT
             if isinstance(exc, TimeoutError) and not str(exc):
                 exc = TimeoutError(f"no answer within {REPLY_TIMEOUT} s: timed out")
@@ -192,8 +248,7 @@ class WriterProcess:
             lost = str(exc) or type(exc).__name__
         finally:
             self._after_channel(channel)
-        unreported(report, reported, len(items), lost)
-        return True
+        unreported(report, reported, count, lost)
 
     async def _channel_here(self) -> Channel | None:
         """This loop's channel (bound now if the socket is free), or None: write through a
@@ -381,7 +436,7 @@ class WriterProcess:
         # The arena's pages are shared with the parent: this process gets its own.
         if self._arena is not None:
             self._arena.close()
-        self._arena = make_arena()
+            self._arena = make_arena()
 
 
 def _log_lost(exc: BaseException, starts: int) -> None:

@@ -48,7 +48,7 @@ from trajtrack.backends._protocol import (
     write_payload_unbuffered,
 )
 from trajtrack.backends._staging import Staging
-from trajtrack.backends._writer_process import WriterProcess
+from trajtrack.backends._writer_process import WriterProcess, enabled_by_default
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
 __all__ = ["LocalStorage", "resolve_inside", "translate", "translated"]
@@ -110,7 +110,7 @@ class LocalStorage:
         self._who = WriterIdentity.current()
         self._real_root: str | None = None
         if writer_process is None:
-            writer_process = os.environ.get("TRAJTRACK_WRITER_PROCESS", "1").strip() != "0"
+            writer_process = enabled_by_default()
         self._writer = WriterProcess() if writer_process else None
         self._runs = (
             None

@@ -115,6 +115,9 @@ class FilesLayout:
     def discard(self) -> None:
         return None
 
+    async def aclose(self) -> None:
+        return None
+
 
 def _batch_cost(job: Job) -> int:
     """What a job counts against :data:`BATCH_BYTES`: its size, but little for a staged dump

@@ -74,6 +74,9 @@ class _NotStarted:
     def discard(self) -> None:
         return None
 
+    async def aclose(self) -> None:
+        return None
+
 
 NOT_STARTED = _NotStarted()
 

@@ -27,6 +27,7 @@ import anyio
 from trajtrack._exceptions import TrackerClosedError, TrackerFailedError, TrackerStateError
 from trajtrack._retry import RetryPolicy
 from trajtrack.backends import Storage
+from trajtrack.backends._writer_process import enabled_by_default as writer_process_enabled
 from trajtrack.layouts.names import WriterIdentity
 from trajtrack.tracker._files import FilesLayout
 from trajtrack.tracker._layouts import NOT_STARTED, LayoutOptions, existing_paths
@@ -206,6 +207,7 @@ class Runner:
             max_bytes=options.shard_max_bytes,
             max_age=options.shard_max_age,
             existing=None if self._config.overwrite else await existing_paths(storage),
+            spool_process=writer_process_enabled(),
         )
 
     async def _supervise(self, started: anyio.Event) -> None:
@@ -345,6 +347,7 @@ class Runner:
         steps = [(self._recorder.write, "write the final record segment")]
         if seal:
             steps.insert(0, (self._layout.seal, "seal the last shard"))
+        steps.append((self._layout.aclose, "stop the spool writer"))
         for step, what in steps:
             try:
                 if not await finished_within(step(), left):

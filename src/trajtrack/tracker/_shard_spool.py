@@ -85,6 +85,18 @@ class Shard:
         self.pending.append(member)
         return member
 
+    def pending_write(self) -> tuple[int, list[bytes | memoryview]]:
+        """Where the members laid out so far go in the spool file, and their pieces (for a
+        writer process; then :meth:`pending_written`, or :meth:`undo_pending` on failure)."""
+        return self._written, self._pieces
+
+    def pending_written(self) -> None:
+        """The members laid out so far are in the spool file."""
+        self.members += self.pending
+        self.pending = []
+        self._pieces = []
+        self._written = self.size
+
     def write_pending(self) -> None:
         """Write the members laid out so far (blocking; in a worker thread): one ``writev``.
 
@@ -94,16 +106,17 @@ class Shard:
         if not self._pieces:
             return
         try:
-            self.file.flush()
-            _write_all(self.file.fileno(), self._pieces)
-            self.file.seek(0, os.SEEK_END)  # the buffered file's idea of where it is
+            fd = self.file.fileno()
+            os.lseek(fd, self._written, os.SEEK_SET)  # a writer process does not move it
+            _write_all(fd, self._pieces)
         except BaseException:
             self._truncate()
             raise
-        self.members += self.pending
-        self.pending = []
-        self._pieces = []
-        self._written = self.size
+        self.pending_written()
+
+    def undo_pending(self) -> None:
+        """Cut off what a failed write of the pending members left (blocking)."""
+        self._truncate()
 
     def drop_pending(self) -> None:
         """Forget the members laid out and not written (their write failed)."""
@@ -116,10 +129,12 @@ class Shard:
         may be pending)."""
         assert not self.pending
         try:
+            self.file.seek(self.size)  # pending members may have been written around it
             if job.nbytes <= IN_MEMORY_MAX:
                 member = self._append_small(job)
             else:
                 member = self._append_streamed(job)
+            self.file.flush()  # all of it in the file: the next pending write goes after it
         except BaseException:
             self.size = self._written
             self._truncate()  # nothing of a failed member stays in the shard
@@ -163,6 +178,7 @@ class Shard:
     def finish(self) -> None:
         """End the archive and close the spool file (blocking; nothing may be pending)."""
         assert not self.pending
+        self.file.seek(self.size)
         self.file.write(END_OF_ARCHIVE)
         self.file.close()
         self.size += len(END_OF_ARCHIVE)

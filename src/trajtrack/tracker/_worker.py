@@ -52,6 +52,11 @@ class Layout(Protocol):
         """Drop what is not committed (close gave up); its dumps were already failed."""
         ...
 
+    async def aclose(self) -> None:
+        """Release what the layout holds (a helper process), after :meth:`seal` or
+        :meth:`discard`."""
+        ...
+
 
 class Outcomes:
     """Settles dumps: builds the record, resolves the handle, counts, frees the budget.
