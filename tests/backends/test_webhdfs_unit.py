@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import socket
 import sys
 from pathlib import Path
+from typing import IO
 
 import pytest
 import requests
@@ -18,10 +20,11 @@ from trajtrack import (
     StoragePermissionError,
     StorageUnavailableError,
 )
-from trajtrack.backends import open_storage
+from trajtrack.backends import WriteResult, open_storage
 from trajtrack.backends._hadoop_conf import resolve_target
 from trajtrack.backends._registry import _FACTORIES
 from trajtrack.backends._webhdfs_errors import translate
+from trajtrack.backends._webhdfs_io import Spool
 from trajtrack.backends.webhdfs import WebHdfsStorage
 
 
@@ -245,3 +248,20 @@ def test_missing_hdfs_package_gives_the_install_hint(monkeypatch: pytest.MonkeyP
         open_storage("webhdfs://nn:1/x")
     with pytest.raises(MissingDependencyError, match=r"dependency 'hdfs(\.\w+)?'"):
         open_storage("hdfs://nn/x")
+
+
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_an_upload_body_never_reads_past_its_length(tmp_path: Path, in_memory: bool) -> None:
+    # The length is the Content-Length sent: a longer file (a spool with bytes after the
+    # payload's end) must not send more.
+    data = bytes(range(256)) * 8195  # two chunks and a bit
+    size = len(data) - 1000
+    file: IO[bytes] = io.BytesIO(data) if in_memory else (tmp_path / "spool").open("w+b")
+    if not in_memory:
+        file.write(data)
+    with file:
+        body = Spool(file, WriteResult(size, "")).body()
+        assert len(body) == size
+        sent = b"".join(iter(lambda: bytes(body.read()), b""))
+        body.close()
+    assert sent == data[:size]

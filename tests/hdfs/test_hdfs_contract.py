@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -11,9 +14,10 @@ from hdfs import InsecureClient
 from _support.hdfs_cluster import HdfsCluster
 from backends.contract import Plant, StorageContract
 from trajtrack import ConfigurationError, StorageError, StoragePermissionError
-from trajtrack.backends import Storage, open_storage
+from trajtrack._exceptions import StorageUnavailableError
+from trajtrack.backends import Storage, _webhdfs_io as webhdfs_io, open_storage
 from trajtrack.backends.webhdfs import WebHdfsStorage
-from trajtrack.tracker._payloads import BytesPayload
+from trajtrack.tracker._payloads import BytesPayload, FilePayload
 
 pytestmark = pytest.mark.hdfs
 
@@ -90,3 +94,39 @@ async def test_user_without_access_is_refused_at_once(
         await open_storage(f"{hdfs_url}/sub", user="intruder").prepare()
     assert await owner.list() == []
     await owner.aclose()
+
+
+async def test_a_file_payload_is_uploaded_from_its_own_file_and_again_after_release(
+    hdfs_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A shard's spool (or a large dump's) is a local file already: the backend reads it
+    # instead of copying it into a spool of its own, and a retry reads it again even once
+    # the payload has let go of its name.
+    data = os.urandom(3 << 20)
+    spool = tmp_path / "spool"
+    spool.write_bytes(data + b"not part of the payload")
+    payload = FilePayload(str(spool), len(data), checksum="c0ffee00")
+
+    def no_copy(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the payload was copied into a spool of the backend's")
+
+    monkeypatch.setattr(webhdfs_io.tempfile, "TemporaryFile", no_copy)
+    storage = open_storage(hdfs_url, timeout=(5, 60))
+    await storage.prepare()
+    real_publish = WebHdfsStorage._publish
+    failures = [StorageUnavailableError("the NameNode went away (test)")]
+
+    def publish_failing_once(self: WebHdfsStorage, *args: Any) -> None:
+        if failures:
+            raise failures.pop()
+        real_publish(self, *args)
+
+    monkeypatch.setattr(WebHdfsStorage, "_publish", publish_failing_once)
+    with pytest.raises(StorageUnavailableError):
+        await storage.write_atomic("big.pth", payload, overwrite=True)
+    await anyio.to_thread.run_sync(payload.release)  # its name goes; the file stays open
+    assert not await anyio.Path(spool).exists()
+    result = await storage.write_atomic("big.pth", payload, overwrite=True)
+    assert (result.size, result.checksum) == (len(data), "c0ffee00")
+    assert await storage.read("big.pth") == data
+    await storage.aclose()

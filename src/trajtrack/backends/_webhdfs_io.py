@@ -58,11 +58,14 @@ class Body:
         return self._size
 
     def read(self, _hint: int = -1) -> bytes | memoryview:
-        if self._view is not None:
-            piece = self._view[self._pos : self._pos + _SPOOL_CHUNK]
-            self._pos += len(piece)
-            return piece
-        return self._file.read(_SPOOL_CHUNK)
+        want = min(_SPOOL_CHUNK, self._size - self._pos)  # never past the length sent
+        piece = (
+            self._view[self._pos : self._pos + want]
+            if self._view is not None
+            else self._file.read(want)
+        )
+        self._pos += len(piece)
+        return piece
 
     def close(self) -> None:
         if self._view is not None:
@@ -102,6 +105,10 @@ class Spools:
             kept = self._kept.get(payload)
         if kept is not None:
             return kept
+        opener = getattr(payload, "open_for_reading", None)  # a file of its own: no copy
+        opened = None if opener is None else opener()
+        if opened is not None:
+            return Spool(*opened)
         small = payload.nbytes <= self._memory_limit
         file: IO[bytes] = (
             io.BytesIO()

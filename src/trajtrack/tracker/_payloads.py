@@ -305,6 +305,17 @@ class FilePayload:
             self.path = ""
             return True
 
+    def open_for_reading(self) -> tuple[BinaryIO, WriteResult] | None:
+        """Its file, open for reading, with its size and checksum (``""`` when the maker did
+        not compute one); None once moved or released. A backend that would copy the bytes
+        into a spool of its own (WebHDFS, for retries) reads this file instead: it stays
+        readable through the open descriptor after :meth:`release` deletes its name."""
+        with self._lock:
+            if not self.path:
+                return None
+            file = open(self.path, "rb")  # noqa: SIM115  (the caller closes it)
+        return file, WriteResult(self.size, self.checksum)
+
     def release(self) -> None:
         with self._lock:
             path, self.path = self.path, ""
