@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 from collections.abc import Callable, Generator
 from typing import Any
 
 import anyio
 
 from trajtrack.layouts.records import DumpRecord
+from trajtrack.tracker._future import DumpFuture, outcome_of
 
 __all__ = ["DumpHandle"]
 
@@ -25,7 +24,7 @@ class DumpHandle:
 
     __slots__ = ("_future", "name", "path")
 
-    def __init__(self, name: str, path: str, future: concurrent.futures.Future[DumpRecord]) -> None:
+    def __init__(self, name: str, path: str, future: DumpFuture) -> None:
         self.name = name
         self.path = path
         self._future = future
@@ -38,14 +37,14 @@ class DumpHandle:
         """Block the calling thread until the outcome; raises ``TimeoutError`` after *timeout*."""
         try:
             return self._future.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except TimeoutError:
             raise TimeoutError(f"dump {self.name!r} not finished after {timeout} s") from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The dump's error (``None`` when committed), waiting like :meth:`result`."""
         try:
             return self._future.exception(timeout)
-        except concurrent.futures.TimeoutError:
+        except TimeoutError:
             raise TimeoutError(f"dump {self.name!r} not finished after {timeout} s") from None
 
     def add_done_callback(self, callback: Callable[[DumpHandle], Any]) -> None:
@@ -58,8 +57,8 @@ class DumpHandle:
             return await self
 
     def __await__(self) -> Generator[Any, None, DumpRecord]:
-        # shield: a caller cancelling its await must not cancel the shared dump future
-        return asyncio.shield(asyncio.wrap_future(self._future)).__await__()
+        # A caller cancelling its await cancels only its own wait, never the dump.
+        return outcome_of(self._future).__await__()
 
     def __repr__(self) -> str:
         state = "pending"

@@ -8,14 +8,13 @@ process that made the dump.
 
 from __future__ import annotations
 
-import concurrent.futures
 import time
 from collections.abc import Callable
 from typing import Any
 
 from trajtrack.backends import BytesPayload, Payload
 from trajtrack.layouts.names import WriterIdentity, render_name, validate_name
-from trajtrack.layouts.records import DumpRecord
+from trajtrack.tracker._future import DumpFuture
 from trajtrack.tracker._handle import DumpHandle
 from trajtrack.tracker._ledger import Ledger
 from trajtrack.tracker._payloads import DeferredPayload
@@ -102,5 +101,4 @@ class Intake:
 
 def make_job(name: str, path: str, payload: Payload) -> Job:
     """A job for *payload*, with the future its handle resolves through."""
-    future: concurrent.futures.Future[DumpRecord] = concurrent.futures.Future()
-    return Job(name=name, path=path, payload=payload, nbytes=payload.nbytes, future=future)
+    return Job(name=name, path=path, payload=payload, nbytes=payload.nbytes, future=DumpFuture())

@@ -8,7 +8,6 @@ the tracker's loop *and* plain threads (the sync shim), so the state lives behin
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 from collections import Counter, deque
@@ -17,14 +16,13 @@ from dataclasses import dataclass, field
 
 from trajtrack._exceptions import DumpDroppedError
 from trajtrack.layouts.records import DumpRecord
+from trajtrack.tracker._future import DumpFuture
 from trajtrack.tracker._handle import DumpHandle
 from trajtrack.tracker._queue import Job
 
 __all__ = ["Counters", "Ledger", "add_note"]
 
 logger = logging.getLogger(__name__)
-
-DumpFuture = concurrent.futures.Future[DumpRecord]
 
 
 @dataclass
@@ -115,12 +113,7 @@ class Ledger:
         """Resolve one dump's future (once; later calls are ignored)."""
         with self.counters.lock:
             self._outstanding.pop(future, None)
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(record)  # type: ignore[arg-type]  # a record when no error
+        future.settle(record, error)
 
     def settle_all(self, make_error: Callable[[], BaseException]) -> int:
         """Fail every unsettled dump with an error from *make_error*; returns how many."""
@@ -128,7 +121,7 @@ class Ledger:
             futures, self._outstanding = self._outstanding, {}
         for future in futures:
             if not future.done():
-                future.set_exception(make_error())
+                future.settle(error=make_error())
         return len(futures)
 
     def take_failure(self) -> BaseException | None:

@@ -46,7 +46,7 @@ class Job:
     path: str
     payload: Any
     nbytes: int
-    future: Any  # concurrent.futures.Future[DumpRecord]
+    future: Any  # DumpFuture (tracker/_future.py)
     enqueued_at: float = field(default_factory=time.monotonic)
     who: Any = None  # WriterIdentity of the process that made the dump, when not this one
     spooled: bool = False  # in a shard being made: its item slot is free, its bytes are not

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any
 
-from trajtrack.layouts.records import DumpRecord
+from trajtrack.tracker._future import DumpFuture
 
 __all__ = ["finished_within", "retrieve", "wait_all"]
 
@@ -31,7 +30,7 @@ async def finished_within(coro: Coroutine[Any, Any, None], seconds: float) -> bo
     return True
 
 
-async def wait_all(futures: list[concurrent.futures.Future[DumpRecord]]) -> None:
+async def wait_all(futures: list[DumpFuture]) -> None:
     """Wait for thread-safe futures without wrapping (and so never cancelling) each one."""
     pending = [f for f in futures if not f.done()]
     if not pending:
