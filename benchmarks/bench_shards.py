@@ -172,7 +172,7 @@ def bench_hdfs(cluster_dir: Path, quick: bool) -> dict[str, Any]:
     obj = payload("4KB")
     base = f"/bench/shards-{os.getpid()}"
     url = f"{env['WEBHDFS_URL']}{base}"
-    n_files, n_shards = (30, 2000) if quick else (100, 5000)
+    n_files, n_shards = (30, 2000) if quick else (100, 20000)
     client.write(f"{base}/warmup", data=b"x", overwrite=True)
     files = anyio.run(tracked, f"{url}/files", obj, n_files, "files")
     shards_s: list[float] = []
