@@ -17,8 +17,8 @@ import anyio.to_thread
 import pytest
 import torch
 
-from trajtrack import StorageError, Tracker
-from trajtrack.backends import _writer_child as writer_child, _writer_process as writer_process
+from trajtrack import Tracker
+from trajtrack.backends import _writer_process as writer_process
 from trajtrack.backends._writer_frames import Failure, WriterGone
 from trajtrack.tracker import _shard_spool as shard_spool, _shards as shards_module
 
@@ -156,43 +156,6 @@ async def test_a_helper_lost_mid_shard_hands_its_writes_to_threads(
     found = _members(tmp_path / "run")
     rounds = writer_process.MAX_STARTS + 1
     assert found == {f"r{r}/d{i}.pth": 1000 * r + i for r in range(rounds) for i in range(50)}
-
-
-async def test_a_failed_helper_write_leaves_nothing_after_the_archive_end(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(shards_module, "WRITE_AT", 1)
-    real = writer_process.WriterProcess.append_async
-    fail = [False]
-
-    async def half_then_full(self: Any, fd: int, position: int, pieces: list[Any]) -> Any:
-        if not fail[0]:
-            return await real(self, fd, position, pieces)
-        fail[0] = False
-        assert await real(self, fd, position, pieces[: len(pieces) // 2]) is None
-        return Failure(writer_child.OP_WRITE, errno.ENOSPC)
-
-    monkeypatch.setattr(writer_process.WriterProcess, "append_async", half_then_full)
-    async with Tracker(tmp_path / "run", layout="shards", shard_max_age=600) as tracker:
-        first = await tracker.dump(_tiny(0), "first")
-        await _until_spooled(tracker)
-        fail[0] = True
-        lost = [tracker.dump_nowait(_tiny(i), f"lost{i}") for i in range(1, 11)]  # one batch
-        for handle in lost:
-            with anyio.fail_after(30), pytest.raises(StorageError, match="no space left"):
-                await handle
-        last = await tracker.dump(_tiny(99), "last")
-        with pytest.raises(StorageError):
-            await tracker.flush(timeout=30)
-        record = await first
-        assert (await last).shard == record.shard
-    assert record.shard is not None
-    data = (tmp_path / "run" / record.shard).read_bytes()
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        members = tar.getmembers()
-    assert [m.name for m in members] == ["first.pth", "last.pth"]
-    end = members[-1].offset_data + -(-members[-1].size // 512) * 512
-    assert data[end:] == bytes(1024)  # the end of the archive, and nothing after it
 
 
 async def test_writer_processes_off_means_threads(
