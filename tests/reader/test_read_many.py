@@ -71,18 +71,19 @@ def test_group_small_keeps_the_order_and_puts_each_large_item_alone() -> None:
     assert weighed == [[5, 5], [5, 9], [1, 1]]  # closed once a group weighs 10
 
 
-def test_read_batches_hold_up_to_2048_small_items_and_8_mib() -> None:
+def test_read_batches_hold_up_to_4096_small_items_and_16_mib() -> None:
     from trajtrack.reader._batch_reads import read_batches
 
-    items = [2048] * 5000 + [1 << 20] + [2048] * 10
+    items = [2048] * 9000 + [1 << 20] + [2048] * 10
 
     def small(size: int) -> bool:
         return size <= 65536
 
     groups = read_batches(items, small, int)
-    assert [len(g) for g in groups] == [2048, 2048, 1, 914]  # 2,048 a group, at most
-    huge = read_batches([60000] * 400, small, int)
-    assert max(sum(g) for g in huge) < (8 << 20) + 60000  # and 8 MiB
+    assert [len(g) for g in groups] == [4096, 4096, 1, 818]  # 4,096 a group, at most
+    huge = read_batches([60000] * 800, small, int)
+    assert max(sum(g) for g in huge) < (16 << 20) + 60000  # and 16 MiB
+    assert max(sum(g) for g in huge) > (16 << 20) - 60000
     assert sorted(x for g in groups for x in g) == sorted(items)
 
 
