@@ -8,7 +8,7 @@ future's. They survive the young generations, so every few thousand dumps the co
 a full collection of the process's heap (62-68 ms in a process that imported torch, against
 a 400 ms run of 5,000 dumps: benchmarks/README.md, thirteenth pass).
 
-:class:`DumpFuture` keeps its state in four slots. All futures share one lock, held for a few
+:class:`DumpFuture` keeps its state in three slots. All futures share one lock, held for a few
 instructions per change of state; a thread that waits gets a :class:`threading.Event` made
 then, and callbacks a list made then. The API is the part of ``concurrent.futures.Future``
 that the tracker uses: :meth:`done`, :meth:`result` and :meth:`exception` with a timeout
