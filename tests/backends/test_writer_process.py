@@ -18,7 +18,12 @@ import pytest
 from _support.writer import write_batch
 from trajtrack import DumpExistsError, StorageError, StoragePermissionError, Tracker
 from trajtrack._exceptions import StorageUnavailableError
-from trajtrack.backends import WriteResult, _writer_process as writer_process, checksum_of
+from trajtrack.backends import (
+    WriteResult,
+    _writer_process as writer_process,
+    _writer_spawn as writer_spawn,
+    checksum_of,
+)
 from trajtrack.backends.local import LocalStorage
 from trajtrack.tracker._payloads import BytesPayload
 
@@ -143,7 +148,7 @@ async def test_a_helper_that_died_fails_its_files_as_retryable_and_is_replaced(
 async def test_a_tracker_commits_every_dump_when_the_helper_cannot_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(writer_process, "_CHILD", str(tmp_path / "no-such-helper.py"))
+    monkeypatch.setattr(writer_spawn, "_CHILD", str(tmp_path / "no-such-helper.py"))
     records = []
     async with Tracker(tmp_path / "run", workers=1) as tracker:
         for start in range(0, 30, 10):  # a batch per flush: a helper started for each
@@ -270,8 +275,8 @@ async def test_a_storage_dropped_unclosed_lets_its_helper_go(tmp_path: Path) -> 
     gc.collect()
     # it saw its socket close and exited
     assert await anyio.to_thread.run_sync(helper.wait, 10) == 0
-    writer_process._reap_orphans()
-    assert helper not in writer_process._ORPHANS
+    writer_spawn.reap_orphans()
+    assert helper not in writer_spawn._ORPHANS
 
 
 async def test_a_helper_that_does_not_answer_is_killed_after_the_reply_timeout(

@@ -50,9 +50,9 @@ def _dotted(node: ast.AST) -> str:
     return "?"
 
 
-#: The one module allowed to start a program: the local storage's writer helper, with a fixed
-#: command line (SECURITY.md section 1).
-WRITER_PROCESS = SRC / "backends" / "_writer_process.py"
+#: The one module allowed to start a program: the writer helper (small local files, shard
+#: spools), with a fixed command line (SECURITY.md section 1).
+WRITER_PROCESS = SRC / "backends" / "_writer_spawn.py"
 
 
 def test_no_shell_and_no_subprocess_anywhere_in_the_package() -> None:
@@ -104,9 +104,9 @@ def _fixed_helper(call: ast.Call) -> bool:
 
 
 def test_the_writer_helper_runs_its_own_file() -> None:
-    from trajtrack.backends import _writer_child, _writer_process
+    from trajtrack.backends import _writer_child, _writer_spawn
 
-    assert _writer_child.__file__ == _writer_process._CHILD
+    assert _writer_child.__file__ == _writer_spawn._CHILD
     tree = ast.parse(WRITER_PROCESS.read_text())
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _fixed_helper(n)]
     assert len(calls) == 1

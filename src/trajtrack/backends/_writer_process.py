@@ -11,8 +11,10 @@ the GIL is what moved PyTorch's async checkpointing to a process too.
 So a :class:`~trajtrack.backends.local.LocalStorage` hands a batch of small files (bytes
 already serialized) to one helper process, started on first use: ``python -I -S
 _writer_child.py`` (the standard library only; no torch, no trajtrack import, started in
-milliseconds). A batch costs the tracker's process one ``sendmsg`` and a few ``recv``\\ s; the
-helper does the system calls on the other core.
+milliseconds; :mod:`._writer_spawn` starts and reaps it). A batch costs the tracker's process
+one ``sendmsg`` and a few ``recv``\\ s; the helper does the system calls on the other core.
+The shards layout writes its spool files through a helper of its own the same way
+(:meth:`WriterProcess.append_async`, :mod:`trajtrack.tracker._spool_writer`).
 
 What stays as it was:
 
@@ -40,13 +42,10 @@ threads, as before. ``TRAJTRACK_WRITER_PROCESS=0`` (or
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import logging
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -67,6 +66,7 @@ from trajtrack.backends._writer_frames import (
     read_results,
     unreported,
 )
+from trajtrack.backends._writer_spawn import Helper, orphan, spawn, stop
 
 __all__ = [
     "MAX_STARTS",
@@ -86,7 +86,6 @@ REPLY_TIMEOUT: Final = 300.0
 and its unreported files fail as retryable (the tracker retries them on threads)."""
 STOP_TIMEOUT: Final = 10.0
 """Seconds :meth:`WriterProcess.close` waits for the helper to finish before killing it."""
-_CHILD: Final = child.__file__
 
 
 def enabled_by_default() -> bool:
@@ -102,7 +101,7 @@ class WriterProcess:
     def __init__(self, *, arena: bool = True) -> None:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: Helper | None = None
         self._starts = 0
         self._closed = False
         self._arena: Arena | None = make_arena() if arena else None
@@ -293,7 +292,7 @@ class WriterProcess:
             if sock is not None:
                 sock.close()
             if process is not None:  # killed when the channel broke; no wait on the loop
-                _ORPHANS.append(process)
+                orphan(process)
         elif self._sock is not None:
             self._sock.settimeout(REPLY_TIMEOUT)
         self._lock.release()
@@ -353,35 +352,8 @@ class WriterProcess:
         if self._starts >= MAX_STARTS:
             raise WriterGone("the writer process failed too often")
         self._starts += 1
-        _reap_orphans()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        arena = self._arena
-        arena_fd, arena_size = (-1, 0) if arena is None else (arena.fd, arena.size)
-        inherited = [theirs.fileno()] + ([arena_fd] if arena_fd >= 0 else [])
-        try:
-            self._process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-I",
-                    "-S",
-                    _CHILD,
-                    str(inherited[0]),
-                    str(arena_fd),
-                    str(arena_size),
-                ],
-                pass_fds=inherited,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                start_new_session=True,  # out of the terminal's process group: no Ctrl-C
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        ours.settimeout(REPLY_TIMEOUT)
-        self._sock = ours
-        return ours
+        self._sock, self._process = spawn(self._arena, REPLY_TIMEOUT)
+        return self._sock
 
     def _lost(self, exc: BaseException) -> None:
         _log_lost(exc, self._starts)
@@ -393,14 +365,7 @@ class WriterProcess:
         if sock is not None:
             sock.close()  # the helper sees the end and exits
         if process is not None:
-            if kill:
-                process.kill()
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                logger.warning("trajtrack: the writer process did not exit in %.0f s", timeout)
-                process.kill()
-                process.wait()
+            stop(process, kill=kill, timeout=timeout)
 
     def close(self, timeout: float = STOP_TIMEOUT) -> None:
         """Let the helper finish and exit (killed after *timeout* seconds); later writes fail.
@@ -421,8 +386,8 @@ class WriterProcess:
         sock, process = getattr(self, "_sock", None), getattr(self, "_process", None)
         if sock is not None:
             sock.close()
-        if process is not None and process.poll() is None:
-            _ORPHANS.append(process)
+        if process is not None:
+            orphan(process)
 
     def _forget_after_fork(self) -> None:
         # In a fork child: the socket is the parent's helper's; close our copy, start anew.
@@ -446,22 +411,6 @@ def _log_lost(exc: BaseException, starts: int) -> None:
 
 
 _LIVE: Final[weakref.WeakSet[WriterProcess]] = weakref.WeakSet()
-_ORPHANS: Final[list[subprocess.Popen[bytes]]] = []  # helpers of storages dropped unclosed
-
-
-def _reap_orphans() -> None:
-    for process in list(_ORPHANS):
-        if process.poll() is not None:
-            _ORPHANS.remove(process)
-
-
-@atexit.register
-def _reap_orphans_at_exit() -> None:
-    for process in _ORPHANS:
-        try:
-            process.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def _after_fork_in_child() -> None:
