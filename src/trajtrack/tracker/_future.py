@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from trajtrack.layouts.records import DumpRecord
 
-__all__ = ["DumpFuture", "outcome_of"]
+__all__ = ["DumpFuture", "on_loop", "outcome_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,17 +108,19 @@ async def outcome_of(future: DumpFuture) -> DumpRecord:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         here = threading.get_ident()
-
-        def wake(_future: DumpFuture) -> None:
-            if threading.get_ident() == here:
-                _wake(waiter)
-            elif not loop.is_closed():
-                with contextlib.suppress(RuntimeError):  # closed meanwhile: nobody waits
-                    loop.call_soon_threadsafe(_wake, waiter)
-
-        future.add_done_callback(wake)
+        future.add_done_callback(lambda _f: on_loop(loop, here, lambda: _wake(waiter)))
         await waiter
     return future.result()
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, thread: int, callback: Callable[[], None]) -> None:
+    """Run *callback* on *loop*, whose thread is *thread*: at once when called there, else
+    scheduled from this thread; not at all once the loop is closed (nobody waits any more)."""
+    if threading.get_ident() == thread:
+        callback()
+    elif not loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
+            loop.call_soon_threadsafe(callback)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

@@ -129,7 +129,7 @@ class Shard:
         may be pending)."""
         assert not self.pending
         try:
-            self.file.seek(self.size)  # pending members may have been written around it
+            self.file.seek(self.size)  # a writer process's pwrite does not move the position
             if job.nbytes <= IN_MEMORY_MAX:
                 member = self._append_small(job)
             else:

@@ -52,11 +52,11 @@ class SpoolWriter:
     async def _by_helper(self, shard: Shard) -> bool:
         """Whether the helper wrote them; False: not written (for sure or perhaps)."""
         process = self._process
-        position, pieces = shard.pending_write()
         if process is None or not process.usable or shard.pending_bytes > APPEND_MAX:
             return False
         if not process.running and not await anyio.to_thread.run_sync(process.start):
             return False
+        position, pieces = shard.pending_write()
         outcome = await process.append_async(shard.file.fileno(), position, pieces)
         if isinstance(outcome, Failure):
             await anyio.to_thread.run_sync(shard.undo_pending)

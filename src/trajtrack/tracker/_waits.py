@@ -7,7 +7,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
-from trajtrack.tracker._future import DumpFuture
+from trajtrack.tracker._future import DumpFuture, on_loop
 
 __all__ = ["finished_within", "retrieve", "wait_all"]
 
@@ -36,6 +36,7 @@ async def wait_all(futures: list[DumpFuture]) -> None:
     if not pending:
         return
     loop = asyncio.get_running_loop()
+    here = threading.get_ident()
     all_done = asyncio.Event()
     left = [len(pending)]
     lock = threading.Lock()
@@ -44,8 +45,8 @@ async def wait_all(futures: list[DumpFuture]) -> None:
         with lock:
             left[0] -= 1
             last = left[0] == 0
-        if last and not loop.is_closed():
-            loop.call_soon_threadsafe(all_done.set)
+        if last:
+            on_loop(loop, here, all_done.set)
 
     for future in pending:
         future.add_done_callback(one_done)
