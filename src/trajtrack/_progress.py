@@ -41,9 +41,6 @@ class Progress:
             self._last_draw = now
             self._draw(now)
 
-    def advance(self, step: int = 1) -> None:
-        self.update(self._done + step)
-
     def _draw(self, now: float) -> None:
         elapsed = now - self._started
         if self._total:

@@ -26,7 +26,6 @@ from trajtrack.backends._protocol import (
     check_relative,
     write_payload,
 )
-from trajtrack.layouts.names import WriterIdentity, temp_path_for
 
 __all__ = ["MemoryStorage"]
 
@@ -62,7 +61,6 @@ class MemoryStorage:
         self.fault = fault
         with self._lock:
             self._files = self._stores.setdefault(self._store_name, {})
-        self._who = WriterIdentity.current()
 
     @property
     def url(self) -> str:
@@ -179,10 +177,6 @@ class MemoryStorage:
         """Place bytes directly (tests: plant temp files, corrupt dumps)."""
         with self._lock:
             self._files[self._key(path)] = (data, time.time())
-
-    def temp_path(self, path: str) -> str:
-        """A temporary name as this process's writer would make it (for tests)."""
-        return temp_path_for(path, self._who)
 
     async def aclose(self) -> None:
         return None

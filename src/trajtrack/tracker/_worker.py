@@ -1,17 +1,17 @@
-"""The upload workers, and what happens to a dump once its write ended.
+"""The layout interface, and what happens to a dump once its write ended.
 
-Each worker takes the next job from the pending queue and hands it to the tracker's layout
-(:mod:`trajtrack.tracker._files`: one file per dump). The layout reports the outcome to
-:class:`Outcomes`, which builds the dump's record, settles its handle, counts it and releases
-its share of the memory budget. A failure belongs to its dump, never to the worker: the worker
-goes on with the next job.
+A layout's workers take the next job from the pending queue and write it
+(:mod:`trajtrack.tracker._files`: one file per dump; :mod:`trajtrack.tracker._shards`: shards).
+The layout reports the outcome to :class:`Outcomes`, which builds the dump's record, settles its
+handle, counts it and releases its share of the memory budget. A failure belongs to its dump,
+never to the worker: the worker goes on with the next job.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 import anyio
@@ -23,7 +23,7 @@ from trajtrack.tracker._ledger import Ledger
 from trajtrack.tracker._queue import Job, PendingQueue
 from trajtrack.tracker._recorder import Recorder
 
-__all__ = ["Layout", "Outcomes", "Spawn", "upload_worker"]
+__all__ = ["Layout", "Outcomes", "Spawn"]
 
 logger = logging.getLogger(__name__)
 
@@ -135,8 +135,3 @@ class Outcomes:
         self._queue.done(job)
         job.payload = None  # free the snapshot now, not when the handle goes
 
-
-async def upload_worker(queue: PendingQueue, write: Callable[[Job], Awaitable[None]]) -> None:
-    """``await write(job)`` for every queued job until the queue is closed and empty."""
-    while (job := await queue.get()) is not None:
-        await write(job)
