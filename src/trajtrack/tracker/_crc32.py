@@ -1,18 +1,24 @@
-"""CRC-32 arithmetic: the CRC of a concatenation from the CRCs of its parts.
+"""CRC-32 arithmetic: the CRC of a concatenation from the CRCs of its parts, and of big buffers.
 
 ``crc32(A + B) == crc32_combine(crc32(A), crc32(B), len(B))``, so a file's CRC follows from
 the CRCs of its pieces without reading them again (the archive writer computes each tensor's
 CRC once, for its zip record, and derives the whole file's from it).
 
-The math (the same as zlib's ``crc32_combine``): in CRC-32's bit-reflected representation a
-32-bit value is a polynomial over GF(2) of degree < 32, and appending *n* bytes to a message
-multiplies its register by ``x^(8n)`` modulo the CRC polynomial P; the initial and final
-inversions cancel out. So ``crc(A + B) = crc(A) * x^(8 len(B)) mod P  xor  crc(B)``, and
+Both functions are ``isal.isal_zlib``'s (python-isal, a dependency where it has wheels: x86-64
+and ARM64 CPython) when it imports. Where it does not, :func:`crc32_big` is zlib's and
+:func:`crc32_combine` the pure-Python fallback below: the standard library's zlib module has a
+``crc32_combine`` only from Python 3.15 (gh-134635), so the fallback can become zlib's once this
+package requires 3.15.
+
+The fallback's math (the same as zlib's ``crc32_combine``): in CRC-32's bit-reflected
+representation a 32-bit value is a polynomial over GF(2) of degree < 32, and appending *n* bytes
+to a message multiplies its register by ``x^(8n)`` modulo the CRC polynomial P; the initial and
+final inversions cancel out. So ``crc(A + B) = crc(A) * x^(8 len(B)) mod P  xor  crc(B)``, and
 ``x^(8n)`` is the product of ``x^(8 d 16^j)`` over the hexadecimal digits d (at positions j)
 of n, each computed from a table of ``x^(8 * 2^k) mod P`` by squaring. Multiplying by a fixed
 polynomial is GF(2)-linear, so each of those factors is precomputed once, on first use, as
 four 256-entry tables (one per byte of the operand); a combine then costs four table look-ups
-per non-zero hex digit of ``len(B)``: O(log n), about a microsecond in Python.
+per non-zero hex digit of ``len(B)``: O(log n).
 """
 
 from __future__ import annotations
@@ -98,28 +104,32 @@ def crc32_shift(crc: int, length: int) -> int:
     return crc
 
 
-def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
+def _crc32_combine_fallback(crc1: int, crc2: int, length2: int) -> int:
     """``zlib.crc32(a + b)`` from ``crc1 = zlib.crc32(a)``, ``crc2 = zlib.crc32(b)``, ``len(b)``."""
     return crc32_shift(crc1, length2) ^ crc2
 
 
 _init()
 
+_Crc32: TypeAlias = "Callable[[memoryview | bytes], int]"
+_Combine: TypeAlias = "Callable[[int, int, int], int]"
 
-def _fastest_crc32() -> Callable[[memoryview | bytes], int]:
+
+def _implementations() -> tuple[_Crc32, _Combine]:
     try:
-        # A dependency where it has wheels (x86-64, ARM64); zlib's elsewhere.
         module = importlib.import_module("isal.isal_zlib")
     except ImportError:
-        return zlib.crc32
-    return cast("Callable[[memoryview | bytes], int]", module.crc32)
+        return zlib.crc32, _crc32_combine_fallback
+    return cast("_Crc32", module.crc32), cast("_Combine", module.crc32_combine)
 
 
-crc32_big: Final = _fastest_crc32()
-"""The CRC-32 for big buffers: ISA-L's (``isal``, a dependency where it has wheels), else zlib's.
+crc32_big, crc32_combine = _implementations()
+"""``crc32_big(data)``: the CRC-32 for big buffers; ``crc32_combine(crc1, crc2, length2)``:
+``zlib.crc32(a + b)`` from ``crc1 = zlib.crc32(a)``, ``crc2 = zlib.crc32(b)``, ``length2 = len(b)``
+(``0 <= length2 < 2**63``).
 
-Both release the GIL. zlib's ran at 2.2 GB/s on the test machine while a raw write of the same
-bytes ran at 4.5 GB/s, so 256 MB dumps were written at the CRC's speed (48% of the raw write);
-ISA-L's (carry-less multiplication) runs at ~13 GB/s there: 87% (benchmarks/README.md, tenth
-pass).
+Both CRC-32s release the GIL. ISA-L's uses carry-less multiplication and outruns zlib's several
+times over, which matters because a big dump's archive is written only as fast as its CRC is
+computed: ``benchmarks/bench_core.py``'s 256 MB case, against a raw write of the same bytes,
+measures it.
 """
