@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.bench
 
@@ -45,6 +46,18 @@ def test_core_benchmark_quick_smoke_run(tmp_path: Path) -> None:
     for size in ("4KB", "1MB", "16MB", "256MB"):
         assert set(result["latency"][size]) == {"tracker", "shim", "torch_save"}
         assert result["latency"][size]["tracker"]["n"] >= 1
+
+
+def test_core_thread_pool_baseline_writes_every_dump(tmp_path: Path) -> None:
+    from benchmarks.bench_core import throughput_thread_pool
+
+    obj = {"x": torch.arange(1000.0), "step": 3}
+    assert throughput_thread_pool(obj, 20, tmp_path / "pool") > 0
+    files = sorted(path.name for path in (tmp_path / "pool").iterdir())
+    assert files == sorted(f"d{i}.pth" for i in range(20))  # every temp name renamed
+    for name in files:
+        loaded = torch.load(tmp_path / "pool" / name, weights_only=True)
+        assert torch.equal(loaded["x"], obj["x"]) and loaded["step"] == 3
 
 
 def test_report_benchmark_quick_smoke_run(tmp_path: Path) -> None:
