@@ -1,12 +1,12 @@
 """Reading environment variables in the per-dump path.
 
-``os.environ.get`` runs four Python-level calls (key encoding, lookup, value decoding); a dump
-call reads up to five variables (the enable switch, the actor's name and namespace), and on a
-machine whose caches are cold after the caller's other work that came to about 25 us of a
-150 us pipelined Ray dump. :func:`getenv` reads the same mapping ``os.environ`` reads and
-writes (on CPython for POSIX, the ``bytes`` dict behind it) with one dict lookup, so a value
-set through ``os.environ`` (or ``monkeypatch.setenv``) is seen at once, exactly as
-``os.environ.get`` would see it. Elsewhere it is ``os.environ.get``.
+``os.environ.get`` runs four Python-level calls (key encoding, lookup, value decoding), and a
+dump call reads up to five variables (the enable switch, the actor's name and namespace): a
+pipelined Ray dump is itself only a few Python calls, so those lookups are a visible share of it
+(``benchmarks/bench_ray.py`` measures the dump's latency). :func:`getenv` reads the same
+mapping ``os.environ`` reads and writes (on CPython for POSIX, the ``bytes`` dict behind it)
+with one dict lookup, so a value set through ``os.environ`` (or ``monkeypatch.setenv``) is seen
+at once, exactly as ``os.environ.get`` would see it. Elsewhere it is ``os.environ.get``.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ trajtrack instead.
 
 anyio loads its asyncio backend lazily, on the first anyio call made in a running loop: for a
 rollouter, inside its first ``await tracker.dump(...)``, on the event loop's own thread. That
-import took 14 ms here with a warm disk (up to ~30 ms in this machine's slow phases; 110 ms
-under a profiler), a stall of the loop right where trajtrack promises none (the lag benchmark's
-first repetition in every process). Importing it with trajtrack moves that cost to the
+import executes anyio's whole asyncio backend and may read it from disk: a stall of the loop
+right where trajtrack promises none (``benchmarks/bench_core.py``'s event-loop lag showed it in
+the first repetition of every process). Importing it with trajtrack moves that cost to the
 caller's ``import``, which happens before any loop runs. The module's name is anyio's own
 layout (stable since anyio 3), not an API: if it moves, nothing breaks but the warm-up.
 """

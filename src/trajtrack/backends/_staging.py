@@ -1,10 +1,11 @@
 """Staging memory shared with the writer process: mid-size dumps serialized once, written there.
 
-Why: a 1 MB dump written by a worker thread cost the tracker's process a copy into fresh
-memory at ``dump()`` (a page fault every 4 KiB: ~400 us per MiB here) and then, in the
-thread, a dozen GIL hand-offs with the caller around the file's system calls; profiled, a
-quarter of all CPU time went to waking and parking threads, and 1 MB dumps committed at
-0.6-0.8x an inline ``torch.save`` loop (benchmarks/README.md, eleventh pass).
+Why: a 1 MB dump written by a worker thread costs the tracker's process a copy into fresh
+memory at ``dump()`` (a page fault every 4 KiB) and then, in the thread, a dozen GIL hand-offs
+with the caller around the file's system calls; each hand-off wakes one thread and parks
+another on the cores the caller needs, and 1 MB dumps committed slower than an inline
+``torch.save`` loop (``benchmarks/bench_core.py``: 1 MB throughput against the inline loop;
+``benchmarks/bench_snapshot.py`` counts the page faults per dump).
 
 Instead, ``dump()`` serializes such a dump straight into a :class:`Block` of an
 :class:`Arena`: a ``memfd`` mapped by this process and by the writer process
@@ -18,7 +19,7 @@ for it and takes no GIL hand-off.
   ``aclose`` gives the free pages back (:meth:`Arena.trim`). What is pending still counts
   against the tracker's ``max_pending_bytes`` like any snapshot.
 * **A short wait, then the old way.** When no block is free, ``await dump`` waits for one
-  (the writer process frees one per file written: about a millisecond per MiB here) for at
+  (the writer process frees one per file written, so a wait ends with the next file) for at
   most ``STAGE_WAIT`` seconds (:mod:`~trajtrack.tracker._snapshotter`); the event loop runs
   meanwhile. After that, or where the platform has no ``memfd``, the dump takes the ordinary
   path (a copy, written by a thread) -- as it does while the writer process is stuck.

@@ -2,10 +2,11 @@
 
 Why: a batch written through a thread costs that thread five or more takes of the GIL (the
 hop into the thread, around ``sendmsg`` and ``recv``, the hop back). While the caller's thread
-runs Python -- an ``await dump`` loop -- each take waits for the switch interval (5 ms), and
-every background thread of the process queues for the same GIL: measured here, a batch of 64
-4 KB dumps took 20-280 ms to go round (14 ms once the loop was idle), and three quarters of
-the dumps waited for ``flush()`` (benchmarks/README.md, twelfth pass). On the loop the same
+runs Python -- an ``await dump`` loop -- each take waits for the switch interval (5 ms by
+default), and every background thread of the process queues for the same GIL: a batch's round
+trip grows to many switch intervals, and most dumps are still uncommitted when the caller's
+loop ends and waits in ``flush()`` (``benchmarks/bench_core.py``: 4 KB throughput until
+``flush()`` returns, against the inline loop). On the loop the same
 batch costs the loop's own thread a non-blocking ``sendmsg`` and one ``recv`` per answer: no
 GIL changes hands, and several batches are in the helper's socket at once.
 

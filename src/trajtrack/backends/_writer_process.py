@@ -3,9 +3,9 @@
 Why: a 4 KB dump costs a local disk four system calls (create, write, close, rename), and a
 worker thread releases and takes back the GIL around each of them. While the caller's thread
 runs Python (an ``await dump`` loop, a rollouter), every take-back waits for that thread to let
-go: measured here, 20,000 4 KB dumps cost the caller 65 us each and a worker thread 53 us each
-when the two run one after the other, but 180-240 us each together -- slower than writing
-inline (benchmarks/README.md, tenth pass). Background *threads* contending with the trainer for
+go, so the caller and a worker thread together are slower than the caller writing inline
+alone (``benchmarks/bench_core.py``: the 4 KB rows "trajtrack" and "trajtrack, no writer
+process" against the inline loop). Background *threads* contending with the trainer for
 the GIL is what moved PyTorch's async checkpointing to a process too.
 
 So a :class:`~trajtrack.backends.local.LocalStorage` hands a batch of small files (bytes

@@ -3,10 +3,11 @@
 Why not :class:`concurrent.futures.Future`: each one carries a ``Condition`` with its
 ``RLock``, a deque, two lists and five bound methods -- eleven objects the garbage collector
 tracks, made and kept for every dump until it is committed. With shards, thousands of dumps
-wait for their shard at once; counted here, 14 tracked objects a pending dump, 11 of them the
-future's. They survive the young generations, so every few thousand dumps the collector ran
-a full collection of the process's heap (62-68 ms in a process that imported torch, against
-a 400 ms run of 5,000 dumps: benchmarks/README.md, thirteenth pass).
+wait for their shard at once, and most of the tracked objects of a pending dump would be its
+future's. They survive the young generations, so every few thousand dumps the collector runs
+a full collection of the process's heap -- in a process that imported torch, a long pause of
+the caller's thread (``benchmarks/bench_shards.py``: the shards layout's rate and ``await
+dump`` p50 for 4 KB dumps).
 
 :class:`DumpFuture` keeps its state in three slots. All futures share one lock, held for a few
 instructions per change of state; a thread that waits gets a :class:`threading.Event` made

@@ -55,12 +55,11 @@ RELEASING_COPY_MIN_BYTES: Final = 256 << 10
 a snapshot's copy of a tensor (:mod:`~trajtrack.tracker._snapshot`) and a piece of an archive
 written into a staging block.
 
-A copy into fresh memory takes a page fault every 4 KiB (~4 us each on this VM: ~1 ms per
-MiB). Holding the GIL through that starved the upload workers: of 300 1 MiB dumps, 29-49
-were committed while the caller made its 300 snapshots, 222-236 with the GIL released
-(three runs each, alternated), and ``await dump`` of 1 MB took 676-765 us p50 instead of
-1,102-1,292 (two runs each). Smaller copies hold it: for them, waiting to get the GIL back
-could cost more than the copy."""
+A copy into fresh memory takes a page fault every 4 KiB, so a big copy is long; holding the
+GIL through it starves the upload workers, which then commit little while the caller dumps and
+the rest only in ``flush()`` (``benchmarks/bench_snapshot.py``: "committed while dumping" and
+the caller's time per dump). Smaller copies hold it: for them, waiting to get the GIL back (up
+to a switch interval) could cost more than the copy."""
 
 SPOOL_MEMORY_LIMIT: Final = 8 << 20  # beyond this a serialized snapshot spills to a temp file
 _COPY_CHUNK: Final = 1 << 20
@@ -120,7 +119,8 @@ class ObjectPayload:
 class SerializedPayload(BytesPayload):
     """A small dump already serialized at ``dump()`` time, with its size and CRC-32.
 
-    For small plain data one pass (the archive writer, tens of microseconds for 4 KB) is both
+    For small plain data one pass (the archive writer; ``benchmarks/bench_core.py``'s 4 KB
+    latency measures it) is both
     the snapshot and the serialization: cheaper than a copy now and a serialization later, and
     the storage does not compute the checksum again (:meth:`write_counted`).
     """
@@ -272,7 +272,8 @@ class FilePayload:
     """A snapshot serialized into a named spool file (large plain payloads).
 
     Serializing a big tensor dict straight into a file is faster than copying it in memory
-    (fresh pages fault in at ~450 MB/s here; ``torch.save`` to a file runs at ~900 MB/s) and
+    (a copy faults in a fresh page every 4 KiB; a file's writes go to the page cache, whose
+    pages the kernel reuses; ``benchmarks/bench_core.py``'s 16 MB and 256 MB throughput) and
     holds no RAM. A backend on the same filesystem can :meth:`move_to` the file into place
     instead of copying it; the others stream it with :meth:`write_to`. The file is deleted
     when the payload is released or garbage-collected.

@@ -65,7 +65,7 @@ class PendingQueue:
         self._loop = loop
         # Made on the loop's thread (the runner starts on its loop). Comparing thread ids is
         # how _in_loop() tells; asyncio.get_running_loop() makes a getpid() system call each
-        # time on Python 3.11, twice a dump (benchmarks/README.md, twelfth pass).
+        # time on Python 3.11 (its fork check), and _in_loop() runs twice a dump.
         self._loop_thread = threading.get_ident()
         self._max_bytes = max_bytes
         self._max_items = max_items
@@ -353,9 +353,9 @@ class _Waker:
     """Wakes the event loop on behalf of producer threads, off their critical path.
 
     ``loop.call_soon_threadsafe`` writes to the loop's self-pipe; that syscall releases the
-    GIL, and getting it back can cost the producer a whole switch interval (5 ms) while upload
-    threads serialize. Setting a ``threading.Event`` does not release the GIL, so producers
-    signal this small daemon thread instead, and it makes the syscall.
+    GIL, and getting it back can cost the producer a whole switch interval (5 ms by default)
+    while upload threads serialize. Setting a ``threading.Event`` does not release the GIL, so
+    producers signal this small daemon thread instead, and it makes the syscall.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:

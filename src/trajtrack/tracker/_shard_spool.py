@@ -7,11 +7,12 @@ appended or the shard is sealed (:meth:`Shard.write_pending`). Other payloads ar
 a thread, one by one (:meth:`Shard.append`). Offsets are known when a member is laid out: the
 file is written strictly in order.
 
-The ``writev`` runs in a worker thread, a megabyte at a time: on the test machine a spool
-write of a megabyte into the page cache took 0.5 ms on tmpfs but 75-270 ms on its ext4 disk
-under writeback pressure, which the event loop must never wait out. A thread hop per batch of
-a few dumps, as before, cost the caller more than the dumps (benchmarks/README.md, twelfth
-pass); one per megabyte is a few hops a second.
+The ``writev`` runs in a worker thread, a megabyte at a time: a write into the page cache is
+usually a memory copy, but under writeback pressure the kernel throttles the writer until dirty
+pages reach the disk, for as long as the disk takes, which the event loop must never wait out.
+Each thread hop costs the caller GIL hand-offs, so a hop per batch of a few dumps would cost
+more than the dumps; one per megabyte is few (``benchmarks/bench_shards.py`` measures the
+shards layout's rate and ``await dump`` p50).
 """
 
 from __future__ import annotations

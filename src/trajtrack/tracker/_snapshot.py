@@ -9,8 +9,9 @@ change. Two ways to get there, chosen per object:
   it up to 256 KiB, releasing it above; other CPU tensors by ``clone``; for CUDA a device clone
   on the current stream followed by an asynchronous copy into pinned host memory on a side
   stream). Serialization then happens later, in an
-  upload worker, straight into the destination's temporary file. A 4 KB tensor dict costs a few
-  microseconds here instead of ~120 us of ``torch.save``.
+  upload worker, straight into the destination's temporary file. Copying a 4 KB tensor dict
+  costs far less than ``torch.save``'s per-call setup (``benchmarks/bench_core.py``: 4 KB
+  latency against synchronous ``torch.save``).
 * **Anything else** (dataclasses, custom objects, object arrays): serialized once, in a worker
   thread, into a spool (memory up to a limit, then a temporary file, so large objects never
   hold the GIL for a big in-memory copy); the bytes are the snapshot.
@@ -149,9 +150,9 @@ def _detached(tensor: torch.Tensor) -> torch.Tensor:
     """*tensor* outside autograd: itself, unless it requires grad.
 
     ``detach()`` is a dispatched torch op, and those release the GIL: with one busy Python
-    thread in the process, a ``detach()`` of a 1,000-float tensor took 10.4 ms p50 here (the
-    caller waits two switch intervals for the GIL back) against under a microsecond for
-    ``requires_grad``. A tensor that does not require grad has no graph to leave.
+    thread in the process, the caller may wait a switch interval or two for the GIL back after
+    a ``detach()``, while ``requires_grad`` is an attribute read. A tensor that does not
+    require grad has no graph to leave.
     """
     return tensor.detach() if tensor.requires_grad else tensor
 
@@ -160,9 +161,10 @@ SMALL_COPY_MAX_BYTES: Final = 4 << 20
 """CPU tensors up to this size are copied through numpy, not by a torch op (see
 :func:`_small_copy`).
 
-As large as the default ``inline_snapshot_bytes``: with four upload workers busy on two
-cores, ``clone`` of a 1 MB tensor cost the caller more (waiting for the GIL back) than the
-copy holding it; 1 MB dumps went from 0.6-0.8x to 0.8-1.0x the inline loop's rate."""
+As large as the default ``inline_snapshot_bytes``: with the upload workers busy, ``clone`` of
+a 1 MB tensor costs the caller more (waiting for the GIL back after the op released it) than a
+copy that holds the GIL (``benchmarks/bench_core.py`` and ``benchmarks/bench_snapshot.py``: 1 MB
+dumps against the inline loop)."""
 
 
 def _small_copy(source: torch.Tensor) -> torch.Tensor | None:
@@ -170,8 +172,8 @@ def _small_copy(source: torch.Tensor) -> torch.Tensor | None:
 
     ``Tensor.clone`` (like every torch op, even ``view``) releases the GIL. In a process where
     other threads want it (Ray's, the upload workers', an event loop's), each release can cost
-    the caller a whole switch interval (5 ms) before it gets the GIL back; measured here with
-    one busy thread: 10 ms p50 for ``clone`` of 4 KB against 2 us for this path. numpy's view
+    the caller a whole switch interval (5 ms by default) before it gets the GIL back, far
+    longer than copying a small tensor takes. numpy's view
     of the tensor and ``bytes`` copies of its memory never release it; a copy of at least
     :data:`RELEASING_COPY_MIN_BYTES` releases it on purpose, while the bytes move.
     """

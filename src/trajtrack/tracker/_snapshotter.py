@@ -2,14 +2,14 @@
 
 * Small plain data (up to :data:`SERIALIZE_NOW_MAX_BYTES`) with the default serializer is
   serialized right away, with the archive writer: one pass that is both the snapshot and the
-  serialization (a 4 KB tensor dict: tens of microseconds), and the file's checksum with it.
+  serialization, and the file's checksum with it.
 * Other plain data up to ``inline_bytes``, for a storage with a writer process (a local
   disk), is serialized right away into shared memory that process writes it from
   (:mod:`~trajtrack.backends._staging`): again one pass, into pages already faulted in, and
   no file system call or GIL hand-off in this process.
 * Other plain data up to ``inline_bytes`` (and CUDA tensors at any size: a device clone plus
-  an asynchronous device-to-host copy) is copied right away on the caller's thread -- a
-  few microseconds per small tensor; the upload worker serializes the copy later.
+  an asynchronous device-to-host copy) is copied right away on the caller's thread, without
+  releasing the GIL for small tensors; the upload worker serializes the copy later.
 * Larger plain data is serialized straight into a named spool file in a worker thread (faster
   than copying it in memory, and it holds no RAM); a local destination then renames that file
   into place.
@@ -50,12 +50,14 @@ __all__ = ["SERIALIZE_NOW_MAX_BYTES", "STAGE_WAIT", "Snapshotter"]
 STAGE_WAIT: Final = 0.02
 """Seconds ``await dump`` waits for a staging block when none is free (the writer process
 frees one per file written); then it copies the dump instead. Waiting costs the event loop
-nothing, copying a MiB into fresh memory ~0.4 ms of it; a stuck writer process makes later
+nothing, copying into fresh memory a page fault every 4 KiB; a stuck writer process makes later
 dumps copy at once (:meth:`~trajtrack.backends._staging.Staging.freed`)."""
 
 SERIALIZE_NOW_MAX_BYTES = 64 << 10
 """Plain data up to this size is serialized by ``dump()`` itself (the archive writer holds
-the GIL for about a microsecond per hundred bytes here: tens of microseconds at most)."""
+the GIL for a time that grows with the bytes; up to this size, less than handing the dump to a
+thread would cost the caller in GIL hand-offs: ``benchmarks/bench_core.py``'s and
+``benchmarks/bench_shards.py``'s 4 KB ``await dump`` p50)."""
 
 
 class Snapshotter:

@@ -2,11 +2,11 @@
 
 Why: a worker thread that writes a spool needs the GIL back after its ``writev``, and on the
 way in and out of the thread. While the caller's thread runs Python (an ``await dump`` loop),
-every take waits out the switch interval (5 ms), and *while a thread waits for the GIL*, each
-release of it by the caller's thread (every ``epoll`` of the event loop) wakes that thread in
-vain: measured here, one thread hop a megabyte made the hop last 12-80 ms and every 4 KB
-``await dump`` during it 69 instead of 40 us; even a thread that only wakes every 5 ms made the
-loop's p50 62 instead of 38 us (benchmarks/README.md, thirteenth pass).
+every take waits out the switch interval (5 ms by default), and *while a thread waits for the
+GIL*, each release of it by the caller's thread (every ``epoll`` of the event loop) wakes that
+thread in vain: the hop lasts many switch intervals, every ``await dump`` during it pays for the
+futile wake-ups, and even a thread that wakes only now and then raises the loop's p50
+(``benchmarks/bench_shards.py``: the shards layout's ``await dump`` p50 and rate).
 
 So the members laid out on the loop go to the helper of
 :mod:`~trajtrack.backends._writer_process` (the one a local storage uses for small files; a

@@ -35,9 +35,10 @@ __all__ = ["PARALLEL_CRC_MIN", "ArchivePlan", "NotArchivable", "Writable"]
 PARALLEL_CRC_MIN: Final = 8 << 20
 """Storages of at least this size get their CRC-32 from a helper thread, during the write.
 
-Starting and joining that thread costs ~180 us here with nothing else running, and more when
-the tracker's workers hold the GIL; the CRC-32 of 1 MiB costs ~300 us. Below 8 MiB (2.4 ms of
-CRC) the thread saved too little to be worth its start."""
+Starting and joining that thread is a fixed cost, higher while the tracker's workers hold the
+GIL, and the CRC-32 it takes off the caller's thread grows with the storage: below 8 MiB the
+thread saves too little to be worth its start (``benchmarks/bench_archive.py``: wall and CPU
+time of the archive writer at 1 MB and 256 MB)."""
 
 _JOIN_MAX: Final = 64 << 10  # smaller storages are copied into one write with the headers
 _ALIGNMENT: Final = 64  # torch.serialization._get_storage_alignment()
@@ -299,8 +300,8 @@ class _Crc32Worker:
     """Computes the CRC-32s of big storages, in order, in a thread of its own.
 
     ``zlib.crc32`` releases the GIL, so it runs on another core while the caller's thread
-    writes the same memory. A thread per archive (~180 us to start and join, against milliseconds
-    of writing at the sizes that use it), not a pool: nothing outlives the write, and a forked
+    writes the same memory. A thread per archive (its start and join are small next to writing
+    the sizes that use it), not a pool: nothing outlives the write, and a forked
     child inherits no half-dead pool.
     """
 

@@ -134,4 +134,3 @@ class Outcomes:
     def _release(self, job: Job) -> None:
         self._queue.done(job)
         job.payload = None  # free the snapshot now, not when the handle goes
-
