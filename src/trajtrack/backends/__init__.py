@@ -4,6 +4,27 @@
 filesystem backend, ``memory://name`` the in-memory backend, and ``webhdfs://``, ``swebhdfs://``
 and ``hdfs://`` the WebHDFS backend (extra ``trajtrack[hdfs]``). Third parties can add schemes
 with :func:`register_backend`.
+
+Read the modules in this order::
+
+    _protocol.py        Storage: the async primitives every backend implements; payloads,
+                        ChecksumWriter, write_payload
+    _registry.py        which backend opens which URL scheme (register_backend)
+    local.py            the local filesystem backend: a path or file:// URL
+    _local_paths.py     ... containment under its root: never through a link leading out
+    _local_errors.py    ... an OSError as a typed StorageError
+    _local_batches.py   ... runs of small files for its writer process, from a thread or the loop
+    _writer_process.py  WriterProcess: a helper writes small files without the caller's GIL
+    _writer_channel.py  ... its socket, driven from the event loop
+    _writer_frames.py   ... its protocol, the parent's side
+    _writer_child.py    ... the helper itself (standard library only)
+    _writer_spawn.py    ... starting, stopping and reaping helpers
+    _staging.py         the memory shared with the helper: mid-size dumps serialized once
+    memory.py           the in-memory backend (tests, examples, benchmarks)
+    webhdfs.py          the WebHDFS backend: webhdfs://, swebhdfs://, hdfs://
+    _hadoop_conf.py     ... a destination URL to endpoints, from the Hadoop configuration
+    _webhdfs_io.py      ... spooled upload bodies and the HTTP session
+    _webhdfs_errors.py  ... WebHDFS failures as typed exceptions
 """
 
 from __future__ import annotations

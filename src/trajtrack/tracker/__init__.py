@@ -4,18 +4,29 @@ Read the modules in this order::
 
     _tracker.py      Tracker: the dump entry points (dump, dump_nowait, dump_threadsafe, ...)
     _runner.py       its lifecycle: start, the supervised workers, flush, drain, close
+    _intake.py       admitting snapshots into the queue; the ways in from another process
     _snapshotter.py  which snapshot a dump gets: copied now, or serialized in a thread
     _snapshot.py     the copy of plain data (CPU and CUDA tensors) taken before dump() returns
     _payloads.py     the snapshot as the upload worker writes it
     _serialize.py    the serializer (torch.save, tensors moved to the CPU)
+    _archive.py      the archive writer: torch.save's bytes for tensor data, CRC-32 included
+    _torchzip.py     ... its zip container, written in one pass
+    _crc32.py        ... a file's CRC-32 from its pieces' (isal's, where installed)
     _queue.py        PendingQueue: bounded by bytes and items, with a full-policy
-    _worker.py       the upload workers, and what happens once a write ended (Outcomes)
+    _worker.py       the layout interface, and what happens once a write ended (Outcomes)
     _files.py        the files layout: one file per dump, retried (trajtrack._retry)
+    _handle.py       DumpHandle: what dump() returns
+    _future.py       ... the small thread-safe future it resolves through
     _ledger.py       handles, counters and the failure to re-raise
+    _stats.py        the counters behind Tracker.statistics()
     _recorder.py     the record of what was written (layouts/records.py)
     _sweep.py        the temporary files dead writers left behind
     _shards.py       the shards layout: dumps packed into tar shards (layouts/shards.py)
+    _shard_spool.py  ... a shard in the making: its local spool file and members
+    _spool_writer.py ... spools written by a helper process (backends/_writer_process.py)
     _layouts.py      the layout options
+    _forkgate.py     no fork() while a trajtrack thread is inside torch
+    _waits.py        bounded waits: none of the tracker's waits may hang forever
     _environment.py  what the environment configures (the shim's and Ray adapter's switches)
     _sync.py         the sync shim: SyncTracker, dump_data, get_tracker (verl's drop-in)
 
