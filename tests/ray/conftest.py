@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +187,38 @@ def tracker_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, actor_name: str
     for key, value in values.items():
         monkeypatch.setenv(key, value)
     return {"dest": dest, "name": actor_name, "env": values}
+
+
+# ----------------------------------------------------------------- the channel without Ray
+
+
+@pytest.fixture
+def loop() -> Iterator[Any]:
+    """An asyncio loop in a thread, like the actor's (``_channel_support.Loop``)."""
+    from _channel_support import Loop
+
+    running = Loop()
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def serve(loop: Any) -> Iterator[Callable[..., Any]]:
+    """``serve(limits=None)``: a started channel server on *loop* (closed afterwards)."""
+    from _channel_support import start_served, stop_served
+
+    started: list[Any] = []
+
+    def factory(limits: Any = None) -> Any:
+        started.append(start_served(loop, limits))
+        return started[-1]
+
+    yield factory
+    for served in started:
+        stop_served(loop, served)
+
+
+@pytest.fixture
+def served(serve: Callable[..., Any]) -> Any:
+    """A channel server with the default limits (``_channel_support.Served``)."""
+    return serve()
