@@ -165,3 +165,31 @@ def test_plain_and_other_objects_both_land_equal_in_both_modes(
         again = _stored(tracker_env["dest"], f"other_{wait}")
         assert type(again) is collections.OrderedDict
         assert torch.equal(again["a"], other["a"]) and again["b"] == [1, 2]
+
+
+def test_a_dump_over_the_channels_limit_goes_as_a_ray_call(
+    ray_cluster: Any, tracker_env: dict[str, Any]
+) -> None:
+    import ray
+
+    import trajtrack.ray as tr
+
+    # The channel's largest payload is the tracker's budget: 64 KiB here.
+    actor = tr.get_trajectory_tracker(max_pending_bytes=64 << 10)
+    info = ray.get(actor.ready.remote(), timeout=RAY_TIMEOUT)
+    assert info["channel"]["max_payload_bytes"] == 64 << 10
+    big = {"x": torch.arange(32 << 10, dtype=torch.int32)}  # 128 KiB
+    small = {"x": torch.arange(4)}
+    tr.dump_data(small, "small/ack")
+    tr.dump_data(big, "big/ack")
+    for i in range(3):  # one pipelined batch: small, big, small; order kept
+        tr.dump_data(small if i != 1 else big, f"pipe/{i}", wait=False)
+    tr.flush(timeout=RAY_TIMEOUT)
+
+    assert torch.equal(_stored(tracker_env["dest"], "big/ack")["x"], big["x"])
+    assert torch.equal(_stored(tracker_env["dest"], "pipe/1")["x"], big["x"])
+    assert torch.equal(_stored(tracker_env["dest"], "pipe/2")["x"], small["x"])
+    counters = ray.get(actor.channel_statistics.remote(), timeout=RAY_TIMEOUT)
+    assert counters["errors"] == 0 and counters["dumps"] >= 2  # the small ones
+    assert counters["dumps"] <= 3  # the big ones never crossed it
+    assert _cached_channel() is not None  # and the channel is still in use

@@ -225,7 +225,11 @@ class ChannelServer:
                     logger.warning("trajtrack channel: a client sent half a request")
                 return  # closed between requests: the normal end
             kind, name_len, size = REQUEST.unpack(head)
-            if kind not in KINDS or name_len > MAX_NAME_BYTES or size > self._budget.limit:
+            if (
+                kind not in KINDS
+                or name_len > MAX_NAME_BYTES
+                or size > self.limits.max_payload_bytes
+            ):
                 await self._fatal(
                     reader,
                     writer,
