@@ -12,8 +12,8 @@ Side by side in one run, in one process, on one local Ray instance, for a 4 KB t
 * **trajtrack.ray pipelined** — ``dump_data(obj, name, wait=False)`` (64 in flight), same
   channel.
 * **trajtrack.ray acknowledged, Ray calls** — the acknowledged mode with
-  ``TRAJTRACK_RAY_CHANNEL=off`` (a second actor): every dump is an actor call, as before the
-  channel existed.
+  ``TRAJTRACK_RAY_CHANNEL=off`` (a second actor): every dump is an actor call, which is what a
+  process on another node than the actor's gets (the channel is a Unix socket).
 * **trajtrack.dump_data** — the per-process sync shim (no Ray in the path), for scale.
 * **await Tracker.dump** — the per-process async tracker on an event loop in its own thread,
   each call timed inside that loop (what an async rollouter's coroutine waits).

@@ -80,3 +80,16 @@ class GateActor:
 
     async def close(self, timeout: float | None = None) -> None:
         return None
+
+
+def dump_and_tell_the_channel(i: int) -> tuple[str, bool]:
+    """Dump ``node/ack{i}`` acknowledged and ``node/pipe{i}`` pipelined; return this worker's
+    Ray node and whether it has a channel to the actor (else its dumps went as Ray calls)."""
+    import ray
+
+    from trajtrack.ray import _discovery
+
+    tr.dump_data({"i": torch.tensor(i)}, f"node/ack{i}")
+    tr.dump_data({"i": torch.tensor(100 + i)}, f"node/pipe{i}", wait=False)
+    tr.wait_for_own_dumps(timeout=60)
+    return ray.get_runtime_context().get_node_id(), _discovery.current().channel is not None

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,30 +92,32 @@ class RayCluster:
 
 def _start_head(temp_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     port = _free_port()
-    head = subprocess.Popen(
-        [
-            "ray",
-            "start",
-            "--head",
-            "--block",
-            f"--port={port}",
-            "--node-ip-address=127.0.0.1",
-            "--num-cpus=2",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-            f"--temp-dir={temp_dir}",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    command = [
+        "ray",
+        "start",
+        "--head",
+        "--block",
+        f"--port={port}",
+        "--node-ip-address=127.0.0.1",
+        "--num-cpus=2",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--temp-dir={temp_dir}",
+    ]
+    return _start_node(command, env), f"127.0.0.1:{port}"
+
+
+def _start_node(command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """``ray start ... --block`` as our child; returns once Ray says the node is up."""
+    node = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     started = threading.Event()
     lines: list[str] = []
 
     def read() -> None:
-        assert head.stdout is not None
-        for line in head.stdout:
+        assert node.stdout is not None
+        for line in node.stdout:
             lines.append(line)
             if "Ray runtime started" in line:
                 started.set()
@@ -123,11 +125,11 @@ def _start_head(temp_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen[s
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    head.reader = reader  # type: ignore[attr-defined]  # joined by _stop_head
-    if not started.wait(START_TIMEOUT) or head.poll() is not None:
-        _stop_head(head)
-        pytest.fail("ray start --head did not come up:\n" + "".join(lines[-40:]))
-    return head, f"127.0.0.1:{port}"
+    node.reader = reader  # type: ignore[attr-defined]  # joined by _stop_head
+    if not started.wait(START_TIMEOUT) or node.poll() is not None:
+        _stop_head(node)
+        pytest.fail(f"{' '.join(command[:3])} did not come up:\n" + "".join(lines[-40:]))
+    return node
 
 
 def _stop_head(head: subprocess.Popen[str]) -> None:
@@ -162,6 +164,39 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
         _stop_head(head)
 
 
+SECOND_NODE_RESOURCE = "trajtrack_second_node"
+"""A custom resource only the second node has: a task asking for it runs there."""
+
+
+@pytest.fixture(scope="module")
+def second_node(ray_cluster: RayCluster) -> Iterator[str]:
+    """A second Ray node on this machine, joined to the head; yields its resource's name.
+
+    Module-scoped: the other modules' tests expect one node (tasks on the actor's node).
+    """
+    import ray
+
+    command = [
+        "ray",
+        "start",
+        f"--address={ray_cluster.address}",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        "--num-cpus=1",
+        f'--resources={{"{SECOND_NODE_RESOURCE}": 1}}',
+        "--disable-usage-stats",
+    ]
+    node = _start_node(command, ray_cluster.env)
+    try:
+        deadline = START_TIMEOUT
+        while ray.cluster_resources().get(SECOND_NODE_RESOURCE) != 1 and deadline > 0:
+            threading.Event().wait(0.5)  # the head learns of the node a little later
+            deadline -= 0.5
+        yield SECOND_NODE_RESOURCE
+    finally:
+        _stop_head(node)
+
+
 @pytest.fixture
 def actor_name(ray_cluster: RayCluster) -> Iterator[str]:
     """A fresh tracker actor name for one test; the actor is shut down afterwards."""
@@ -187,3 +222,38 @@ def tracker_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, actor_name: str
     for key, value in values.items():
         monkeypatch.setenv(key, value)
     return {"dest": dest, "name": actor_name, "env": values}
+
+
+# ----------------------------------------------------------------- the channel without Ray
+
+
+@pytest.fixture
+def loop() -> Iterator[Any]:
+    """An asyncio loop in a thread, like the actor's (``_channel_support.Loop``)."""
+    from _channel_support import Loop
+
+    running = Loop()
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def serve(loop: Any) -> Iterator[Callable[..., Any]]:
+    """``serve(limits=None)``: a started channel server on *loop* (closed afterwards)."""
+    from _channel_support import start_served, stop_served
+
+    started: list[Any] = []
+
+    def factory(limits: Any = None) -> Any:
+        started.append(start_served(loop, limits))
+        return started[-1]
+
+    yield factory
+    for served in started:
+        stop_served(loop, served)
+
+
+@pytest.fixture
+def served(serve: Callable[..., Any]) -> Any:
+    """A channel server with the default limits (``_channel_support.Served``)."""
+    return serve()

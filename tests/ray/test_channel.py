@@ -7,13 +7,9 @@ get is exercised. The Ray end to end tests are in test_ray_channel.py.
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import os
-import socket
-import struct
 import threading
-from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +20,22 @@ from _support.require import require_module
 
 require_module("ray", required_by="TRAJTRACK_REQUIRE_RAY", hint="pip install 'trajtrack[ray]'")
 
+from _channel_support import (  # noqa: E402  (after the Ray check)
+    WAIT,
+    WHO,
+    Loop,
+    Served,
+    make_event,
+    reply_of,
+)
+
 from trajtrack import (  # noqa: E402  (after the Ray check)
     StorageUnavailableError,
     TrackerClosedError,
     TrajtrackError,
 )
-from trajtrack.ray import _protocol, _server  # noqa: E402  (after the Ray check)
+from trajtrack.ray import _protocol  # noqa: E402  (after the Ray check)
+from trajtrack.ray._bounds import ChannelLimits  # noqa: E402  (after the Ray check)
 from trajtrack.ray._connection import ChannelClient  # noqa: E402  (after the Ray check)
 from trajtrack.ray._protocol import (  # noqa: E402  (after the Ray check)
     MAX_ERROR_BYTES,
@@ -38,79 +44,8 @@ from trajtrack.ray._protocol import (  # noqa: E402  (after the Ray check)
     decode_error,
     encode_error,
 )
-from trajtrack.ray._server import ChannelServer  # noqa: E402  (after the Ray check)
 from trajtrack.ray._wire_decode import decode  # noqa: E402  (after the Ray check)
 from trajtrack.ray._wire_encode import encode  # noqa: E402  (after the Ray check)
-
-WHO = ("host-a", 1234, 3, 1, 8)
-WAIT = 30.0  # seconds for any wait on the loop thread
-
-
-@dataclass
-class Admitted:
-    """What the server admitted, and what it should raise next (by name)."""
-
-    dumps: list[tuple[bytes, str, tuple[Any, ...]]] = field(default_factory=list)
-    kinds: list[int] = field(default_factory=list)
-    fail: dict[str, BaseException] = field(default_factory=dict)
-    hold: dict[str, asyncio.Event] = field(default_factory=dict)
-
-    async def __call__(self, kind: int, data: bytearray, name: str, who: tuple[Any, ...]) -> None:
-        if name in self.hold:
-            await self.hold[name].wait()
-        if name in self.fail:
-            raise self.fail[name]
-        self.kinds.append(kind)
-        self.dumps.append((bytes(data), name, who))
-
-
-class Loop:
-    """An asyncio loop in a thread, like the actor's."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, factory: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-        return asyncio.run_coroutine_threadsafe(factory(), self.loop).result(WAIT)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(WAIT)
-        self.loop.close()
-
-
-@pytest.fixture
-def loop() -> Iterator[Loop]:
-    running = Loop()
-    yield running
-    running.close()
-
-
-@dataclass
-class Served:
-    server: ChannelServer
-    admitted: Admitted
-    endpoints: Endpoints
-    clients: list[ChannelClient]
-
-    def client(self, *, local: bool = True, **options: Any) -> ChannelClient:
-        client = ChannelClient(self.endpoints, WHO, local=local, **options)
-        self.clients.append(client)
-        return client
-
-
-@pytest.fixture
-def served(loop: Loop) -> Iterator[Served]:
-    admitted = Admitted()
-    server = ChannelServer(admitted, node_id="node-1")
-    endpoints = loop.run(lambda: server.start(tcp_host="127.0.0.1"))
-    result = Served(server, admitted, endpoints, [])
-    yield result
-    for client in result.clients:
-        client.close()
-    loop.run(server.aclose)
 
 
 def test_dumps_arrive_in_order_with_name_bytes_and_writer(served: Served) -> None:
@@ -124,10 +59,10 @@ def test_dumps_arrive_in_order_with_name_bytes_and_writer(served: Served) -> Non
     assert served.server.counters.as_dict() == {
         "connections": 1,
         "refused": 0,
+        "busy": 0,
         "dumps": 5,
         "errors": 0,
     }
-    assert client.transport == "unix"
 
 
 def test_plain_data_travels_as_its_own_kind_and_decodes_equal(served: Served) -> None:
@@ -148,22 +83,14 @@ def test_a_large_plain_payload_streams_part_by_part(served: Served) -> None:
     assert nbytes >= big.numel() * 8
 
 
-def test_tcp_carries_the_same_protocol(served: Served) -> None:
-    client = served.client(local=False)
-    assert client.transport == "tcp"
-    client.dump(b"abc", "over/tcp")
-    assert served.admitted.dumps == [(b"abc", "over/tcp", WHO)]
-
-
 def test_the_unix_socket_is_private_to_the_actors_user(served: Served) -> None:
-    assert served.endpoints.unix_path is not None
     mode = Path(served.endpoints.unix_path).parent.stat().st_mode & 0o777
     assert mode == 0o700
 
 
 def test_a_wrong_secret_is_refused_and_nothing_is_admitted(served: Served) -> None:
-    wrong = Endpoints(bytes(32), served.endpoints.node_id, served.endpoints.unix_path, None)
-    client = ChannelClient(wrong, WHO, local=True)
+    wrong = dataclasses.replace(served.endpoints, secret=bytes(32))
+    client = ChannelClient(wrong, WHO)
     with pytest.raises(ChannelBrokenError, match="refused"):
         client.dump(b"x", "sneaky")
     assert served.admitted.dumps == []
@@ -180,23 +107,17 @@ def test_a_wrong_secret_is_refused_and_nothing_is_admitted(served: Served) -> No
     ids=["http", "version"],
 )
 def test_a_foreign_hello_is_refused(served: Served, hello: bytes) -> None:
-    assert served.endpoints.tcp is not None
-    with socket.create_connection(served.endpoints.tcp, timeout=WAIT) as sock:
+    with served.connect() as sock:
         sock.sendall(hello)
-        status, _ = struct.unpack("<BI", _read(sock, 5))
-        assert status == _protocol.REFUSED
+        assert reply_of(sock) == (_protocol.REFUSED, b"")
         assert sock.recv(1) == b""  # and the server hangs up
     assert served.server.counters.refused == 1
 
 
-def test_a_silent_connection_is_closed_after_the_hello_timeout(
-    served: Served, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_server, "HELLO_TIMEOUT", 0.2)  # read by the server
-    assert served.endpoints.tcp is not None
-    with socket.create_connection(served.endpoints.tcp, timeout=WAIT) as sock:
-        status, _ = struct.unpack("<BI", _read(sock, 5))  # sent nothing: refused on timeout
-        assert status == _protocol.REFUSED
+def test_a_silent_connection_is_closed_after_the_hello_timeout(serve: Any) -> None:
+    served = serve(ChannelLimits(hello_timeout=0.2))
+    with served.connect() as sock:
+        assert reply_of(sock) == (_protocol.REFUSED, b"")  # sent nothing: refused on timeout
         assert sock.recv(1) == b""
     assert served.server.counters.refused == 1
 
@@ -250,18 +171,12 @@ def test_a_batch_gets_one_reply_per_dump_in_order(served: Served) -> None:
 
 
 def test_an_oversized_request_is_refused_and_the_server_keeps_serving(served: Served) -> None:
-    assert served.endpoints.tcp is not None
-    with socket.create_connection(served.endpoints.tcp, timeout=WAIT) as sock:
-        who = b'["h", 1, 0, 0, 1]'
-        sock.sendall(
-            struct.pack("<4sB32sH", b"TTRK", 1, served.server.secret, len(who))
-            + who
-            + struct.pack("<BHQ", 1, _protocol.MAX_NAME_BYTES + 1, 0)
-        )
-        assert struct.unpack("<BI", _read(sock, 5))[0] == _protocol.OK  # the hello
-        status, size = struct.unpack("<BI", _read(sock, 5))
+    with served.connect() as sock:
+        sock.sendall(served.hello() + _protocol.REQUEST.pack(1, _protocol.MAX_NAME_BYTES + 1, 0))
+        assert reply_of(sock) == (_protocol.OK, b"")  # the hello
+        status, error = reply_of(sock)
         assert status == _protocol.FATAL  # an error after which the server hangs up
-        assert b"bad request" in _read(sock, size)
+        assert b"bad request" in error
         assert sock.recv(1) == b""  # the stream cannot be resynchronized: closed
     served.client().dump(b"ok", "after")
     assert served.admitted.dumps == [(b"ok", "after", WHO)]
@@ -292,7 +207,7 @@ def test_many_threads_share_the_pool_and_keep_their_own_order(served: Served) ->
 
 
 def test_a_reply_that_does_not_come_times_out(served: Served, loop: Loop) -> None:
-    event = loop.run(_make_event)
+    event = loop.run(make_event)
     served.admitted.hold["stuck"] = event
     client = served.client(reply_timeout=0.3)
     with pytest.raises(TimeoutError, match="did not acknowledge"):
@@ -311,7 +226,6 @@ def test_a_closed_server_breaks_the_channel(served: Served, loop: Loop) -> None:
     with pytest.raises(ChannelBrokenError, match="cannot open"):
         client.dump(b"3", "again")  # nothing listens any more
     assert [d[1] for d in served.admitted.dumps] == ["before"]
-    assert served.endpoints.unix_path is not None
     assert not Path(served.endpoints.unix_path).parent.exists()  # the socket's folder is gone
 
 
@@ -359,40 +273,15 @@ def test_a_forked_child_never_uses_the_parents_connection(served: Served) -> Non
     assert [d[1] for d in served.admitted.dumps] == ["parent/before", "child", "parent/after"]
 
 
-def test_no_usable_endpoint_is_an_error_up_front(served: Served) -> None:
-    only_unix = Endpoints(served.endpoints.secret, "node-1", served.endpoints.unix_path, None)
-    with pytest.raises(ChannelBrokenError, match="no channel"):
-        ChannelClient(only_unix, WHO, local=False)
-
-
 def test_endpoints_survive_their_trip_through_a_dict(served: Served) -> None:
     assert Endpoints.from_dict(served.endpoints.as_dict()) == served.endpoints
 
 
-async def _make_event() -> asyncio.Event:
-    return asyncio.Event()
-
-
-def _read(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise AssertionError(f"connection closed after {len(data)} of {size} bytes")
-        data += chunk
-    return data
-
-
-def test_a_payload_over_the_servers_limit_is_refused_with_a_clear_error(loop: Loop) -> None:
-    admitted = Admitted()
-    server = ChannelServer(admitted, node_id="n", max_payload_bytes=1000)
-    endpoints = loop.run(lambda: server.start(tcp_host=None))
-    client = ChannelClient(endpoints, WHO, local=True)
-    try:
-        with pytest.raises(ValueError, match="payload 2000 bytes"):
-            client.dump(bytes(2000), "too/big")
-        client.dump(bytes(1000), "fits")  # a new connection; the server goes on
-    finally:
-        client.close()
-        loop.run(server.aclose)
-    assert [d[1] for d in admitted.dumps] == ["fits"]
+def test_a_payload_over_the_servers_limit_is_refused_with_a_clear_error(serve: Any) -> None:
+    served = serve(ChannelLimits(max_payload_bytes=1000, budget_bytes=1000))
+    client = served.client()
+    assert client.carries(1000) and not client.carries(1001)  # callers send it as a Ray call
+    with pytest.raises(ValueError, match="payload 2000 bytes"):
+        client.dump(bytes(2000), "too/big")  # a client that sends it anyway
+    client.dump(bytes(1000), "fits")  # a new connection; the server goes on
+    assert [d[1] for d in served.admitted.dumps] == ["fits"]

@@ -1,12 +1,14 @@
 """The direct channel end to end, on the real local Ray cluster (see conftest.py).
 
-The protocol itself is tested in test_channel.py; here: which transport a process picks, that
+The protocol itself is tested in test_channel.py (its bounds in test_channel_bounds.py, other
+nodes in test_ray_nodes.py); here: that a process on the actor's node uses the channel, that
 ``TRAJTRACK_RAY_CHANNEL=off`` really sends Ray calls, and that a process whose channel fails
 still delivers its dumps (as Ray calls) and says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -31,21 +33,19 @@ def _stored(dest: Path, name: str) -> Any:
     return torch.load(dest / f"{name}.pth", weights_only=True)
 
 
-@pytest.mark.parametrize("mode", ["auto", "tcp"])
-def test_both_modes_carry_acknowledged_and_pipelined_dumps(
-    ray_cluster: Any, tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch, mode: str
+def test_the_channel_carries_acknowledged_and_pipelined_dumps(
+    ray_cluster: Any, tracker_env: dict[str, Any]
 ) -> None:
     import ray
 
     import trajtrack.ray as tr
 
-    monkeypatch.setenv("TRAJTRACK_RAY_CHANNEL", mode)
     for i in range(3):
         tr.dump_data({"i": torch.tensor(i)}, f"ack{i}")
         tr.dump_data({"i": torch.tensor(10 + i)}, f"pipe{i}", wait=False)
     tr.flush(timeout=RAY_TIMEOUT)
 
-    assert _cached_channel().transport == ("unix" if mode == "auto" else "tcp")
+    assert _cached_channel() is not None
     for i in range(3):
         assert int(_stored(tracker_env["dest"], f"ack{i}")["i"]) == i
         assert int(_stored(tracker_env["dest"], f"pipe{i}")["i"]) == 10 + i
@@ -83,13 +83,12 @@ def test_a_failed_channel_falls_back_to_ray_calls_and_says_so(
     import trajtrack.ray as tr
     from trajtrack.ray import _discovery
     from trajtrack.ray._connection import ChannelClient
-    from trajtrack.ray._protocol import Endpoints
 
     tr.dump_data({"x": torch.ones(1)}, "over/channel")
     cached = _discovery.current()
     real = cached.channel
-    wrong = Endpoints(bytes(32), real.endpoints.node_id, real.endpoints.unix_path, None)
-    cached.channel = ChannelClient(wrong, real.who, local=True)  # a secret the actor refuses
+    wrong = dataclasses.replace(real.endpoints, secret=bytes(32))
+    cached.channel = ChannelClient(wrong, real.who)  # a secret the actor refuses
     real.close()
 
     with caplog.at_level(logging.WARNING, logger="trajtrack"):
@@ -118,14 +117,22 @@ def test_a_closed_actor_refuses_dumps_with_a_typed_error(
     assert not (tracker_env["dest"] / "too").exists()
 
 
+@pytest.mark.parametrize(
+    ("mode", "says"), [("carrier-pigeon", "expected one of auto, off"), ("tcp", "TCP channel")]
+)
 def test_an_unknown_channel_mode_is_a_configuration_error(
-    ray_cluster: Any, tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    ray_cluster: Any,
+    tracker_env: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    says: str,
 ) -> None:
     import trajtrack.ray as tr
 
-    monkeypatch.setenv("TRAJTRACK_RAY_CHANNEL", "carrier-pigeon")
-    with pytest.raises(ConfigurationError, match="TRAJTRACK_RAY_CHANNEL"):
+    monkeypatch.setenv("TRAJTRACK_RAY_CHANNEL", mode)
+    with pytest.raises(ConfigurationError, match=says):
         tr.dump_data({"x": torch.ones(1)}, "never")
+    assert not (tracker_env["dest"] / "never.pth").exists()
 
 
 def test_plain_and_other_objects_both_land_equal_in_both_modes(
@@ -158,3 +165,31 @@ def test_plain_and_other_objects_both_land_equal_in_both_modes(
         again = _stored(tracker_env["dest"], f"other_{wait}")
         assert type(again) is collections.OrderedDict
         assert torch.equal(again["a"], other["a"]) and again["b"] == [1, 2]
+
+
+def test_a_dump_over_the_channels_limit_goes_as_a_ray_call(
+    ray_cluster: Any, tracker_env: dict[str, Any]
+) -> None:
+    import ray
+
+    import trajtrack.ray as tr
+
+    # The channel's largest payload is the tracker's budget: 64 KiB here.
+    actor = tr.get_trajectory_tracker(max_pending_bytes=64 << 10)
+    info = ray.get(actor.ready.remote(), timeout=RAY_TIMEOUT)
+    assert info["channel"]["max_payload_bytes"] == 64 << 10
+    big = {"x": torch.arange(32 << 10, dtype=torch.int32)}  # 128 KiB
+    small = {"x": torch.arange(4)}
+    tr.dump_data(small, "small/ack")
+    tr.dump_data(big, "big/ack")
+    for i in range(3):  # one pipelined batch: small, big, small; order kept
+        tr.dump_data(small if i != 1 else big, f"pipe/{i}", wait=False)
+    tr.flush(timeout=RAY_TIMEOUT)
+
+    assert torch.equal(_stored(tracker_env["dest"], "big/ack")["x"], big["x"])
+    assert torch.equal(_stored(tracker_env["dest"], "pipe/1")["x"], big["x"])
+    assert torch.equal(_stored(tracker_env["dest"], "pipe/2")["x"], small["x"])
+    counters = ray.get(actor.channel_statistics.remote(), timeout=RAY_TIMEOUT)
+    assert counters["errors"] == 0 and counters["dumps"] >= 2  # the small ones
+    assert counters["dumps"] <= 3  # the big ones never crossed it
+    assert _cached_channel() is not None  # and the channel is still in use

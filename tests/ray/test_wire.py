@@ -249,6 +249,34 @@ MALFORMED = {
         },
         bytes(128),
     ),
+    # Issue #36: one buffer taken by many nodes would multiply what the actor holds.
+    "bytes-buffer-twice": _root(["L", [["b", 0], ["b", 0]]], [64], body=192),
+    "array-buffer-twice": _root(["L", [["A", "<f4", [1], 0], ["A", "<f4", [1], 0]]], [4]),
+    "tensors-share-a-buffer": _payload(
+        {
+            "v": 1,
+            "root": ["L", [["T", 0], ["T", 1]]],
+            "buffers": [4],
+            "tensors": [["float32", [1], 0, False], ["float32", [1], 0, False]],
+        },
+        bytes(128),
+    ),
+    # A container as a key could carry a tensor placeholder into the dump.
+    "tuple-key-with-a-tensor": _payload(
+        {
+            "v": 1,
+            "root": ["M", [[["U", [["T", 0]]], 1]]],
+            "buffers": [4],
+            "tensors": [["float32", [1], 0, False]],
+        },
+        bytes(128),
+    ),
+    "tuple-key": _root(["M", [[["U", [1, 2]], 1]]]),
+    "dtype-key": _root(["M", [[["D", "float32"], 1]]]),
+    # Zero elements pass the size check; the other dimensions must still fit an index.
+    "zero-size-overflowing-tensor": _tensor("float32", [0, 2**62, 2**62], 0),
+    "zero-size-overflowing-array": _root(["A", "<f8", [0, 2**40, 2**40], 0], [0]),
+    "too-many-dims": _tensor("float32", [1] * 40, 4),
 }
 
 
@@ -271,6 +299,27 @@ def test_parse_checks_everything_and_makes_the_tensors_only_in_build() -> None:
     built = decoded.build()
     _same(built, obj)
     assert built["same"][0] is built["x"]  # still one tensor
+
+
+def test_bytes_values_are_copied_in_build_and_counted_in_nbytes() -> None:
+    blob = bytes(range(256)) * 40
+    obj = {"blob": blob, "t": torch.ones(4), b"key": 1, complex(1, 2): "c"}
+    payload = bytearray(b"".join(bytes(part) for part in encode(obj).parts))
+    decoded = parse(payload)
+    assert not isinstance(decoded.root["blob"], bytes)  # not copied on the actor's loop
+    assert decoded.nbytes == len(payload) + len(blob) + len(b"key")  # what build will hold
+    built = decoded.build()
+    assert built["blob"] == blob and type(built["blob"]) is bytes
+    assert built[b"key"] == 1 and built[complex(1, 2)] == "c"
+    assert torch.equal(built["t"], torch.ones(4))
+
+
+def test_referenced_bytes_never_exceed_the_payload() -> None:
+    # The review's request: a 20 KB skeleton naming one 1 MiB buffer 2,000 times.
+    root = ["L", [["b", 0]] * 2000]
+    payload = _root(root, [1 << 20], body=(1 << 20) + ALIGN)
+    with pytest.raises(ValueError, match="used twice"):
+        parse(payload)
 
 
 def test_a_deeply_nested_hostile_skeleton_is_a_value_error() -> None:

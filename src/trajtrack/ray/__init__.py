@@ -21,8 +21,11 @@ Read the modules in this order::
                      and channel client; what a fork() forgets
     _sender.py       the pipelined mode: the per-process send buffer and its sender thread
     _actor.py        TrackerActor: the asyncio Tracker inside the detached actor
-    _protocol.py     the direct channel's protocol: frames, statuses, errors, endpoints
+    _protocol.py     the direct channel's protocol (a Unix socket on the actor's node):
+                     frames, statuses, errors, endpoints
     _server.py       the channel's actor side: an asyncio server admitting dumps
+    _bounds.py       what the server holds at most: connections, time, a shared byte budget
+    _socket_dir.py   the socket's 0700 directory; those of killed actors removed
     _connection.py   the channel's caller side: ChannelClient, a blocking pool of sockets
     _wire.py         the plain-data format on the channel (a JSON skeleton, raw buffers)
     _wire_encode.py  plain data taken apart for the wire (the caller)

@@ -12,6 +12,7 @@ started on. The bytes arrive either as a Ray call (:meth:`TrackerActor.dump`,
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import socket
@@ -21,6 +22,7 @@ from typing import Any
 
 from trajtrack._exceptions import SerializationError, TrackerClosedError
 from trajtrack.layouts.names import WriterIdentity
+from trajtrack.ray._bounds import ChannelLimits
 from trajtrack.ray._protocol import KIND_PLAIN, Who
 from trajtrack.ray._server import ChannelServer
 from trajtrack.ray._wire_decode import parse, skeleton_size
@@ -38,6 +40,8 @@ _WHO_CACHE_LIMIT = 4096
 _PARSE_INLINE_MAX = 64 << 10
 """Plain payloads whose skeleton is up to this size are checked on the event loop (tens of
 microseconds; the tensors' bytes are not touched, however large)."""
+_TRACKER_PENDING_BYTES = inspect.signature(Tracker).parameters["max_pending_bytes"].default
+"""The tracker's own default budget: the channel's byte limits follow the tracker's."""
 
 
 class TrackerActor:
@@ -50,7 +54,7 @@ class TrackerActor:
     Args:
         destination: Where the tracker writes (a path or URL, as seen from the actor's node).
         options: Keyword arguments for :class:`~trajtrack.Tracker`.
-        channel: Open the direct channel (a Unix socket and a TCP port on the node's address)
+        channel: Open the direct channel (a Unix socket on the actor's node; no network port)
             when the tracker starts; without it every dump is a Ray call.
     """
 
@@ -119,11 +123,13 @@ class TrackerActor:
             if self._channel is None:
                 import ray  # the actor runs in Ray; the module itself does not need it
 
-                context = ray.get_runtime_context()
-                self._channel = ChannelServer(self._admit_frame, node_id=context.get_node_id())
-                node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-                opened = await self._channel.start(tcp_host=node_ip)
-                if opened.unix_path is None and opened.tcp is None:
+                budget = int(self._options.get("max_pending_bytes", _TRACKER_PENDING_BYTES))
+                self._channel = ChannelServer(
+                    self._admit_frame,
+                    node_id=ray.get_runtime_context().get_node_id(),
+                    limits=ChannelLimits().for_tracker(budget),
+                )
+                if await self._channel.start() is None:
                     self._want_channel = False
                     return None
             endpoints = self._channel.endpoints
@@ -157,7 +163,7 @@ class TrackerActor:
         await tracker.dump_decoded(decoded.build, decoded.nbytes, name, writer=self._identity(who))
 
     async def channel_statistics(self) -> dict[str, int]:
-        """What the direct channel has seen: connections, refused, dumps, errors."""
+        """What the direct channel has seen: connections, refused, busy, dumps, errors."""
         return self._channel.counters.as_dict() if self._channel else {}
 
     async def dump(self, data: bytes, name: str, who: WriterIdentity | Who | None = None) -> None:

@@ -14,10 +14,11 @@ Two ways to send a dump:
   :func:`wait_for_own_dumps` waits for this process's own. A flush from *another* process does
   not cover dumps still in flight here.
 
-Both send through the actor's direct channel (:mod:`trajtrack.ray._connection`: a Unix socket
-on the actor's node, TCP from other nodes) whose address and secret the process learns with
-one Ray call; ``TRAJTRACK_RAY_CHANNEL=off`` sends every dump as a Ray call instead (``dump`` /
-``dump_many``), and so does a process whose channel fails (it logs why, once). Finding the
+On the actor's node both send through the actor's direct channel
+(:mod:`trajtrack.ray._connection`: a Unix socket) whose path and secret the process learns
+with one Ray call; from other nodes, with ``TRAJTRACK_RAY_CHANNEL=off``, for a payload over the
+channel's limit, and in a process whose channel failed (it logs why, once), a dump is a Ray
+call (``dump`` / ``dump_many``), which carries Ray's own TLS and authentication. Finding the
 actor, and caching it per process, is :mod:`trajtrack.ray._discovery`'s; the settings are
 :mod:`trajtrack.ray._config`'s.
 """
@@ -45,7 +46,7 @@ from trajtrack.ray._discovery import (
     get_or_create_actor,
     process_identity,
 )
-from trajtrack.ray._protocol import ChannelBrokenError, Payload
+from trajtrack.ray._protocol import ChannelBrokenError, Payload, payload_size
 from trajtrack.ray._sender import Snapshot, sender
 from trajtrack.ray._wire_encode import capture, encode
 from trajtrack.tracker import (
@@ -227,11 +228,12 @@ def _send_acknowledged(data: Any, name: str) -> None:
     if channel is not None:
         # Sent before this returns, so plain data needs no copy: its bytes go out as they are.
         on_the_wire = _payload_for_channel(data)
-        try:
-            channel.dump(on_the_wire, name)
-            return
-        except ChannelBrokenError as exc:  # maybe the actor is gone: the Ray call finds out
-            channel_failed(entry, exc)
+        if channel.carries(payload_size(on_the_wire)):
+            try:
+                channel.dump(on_the_wire, name)
+                return
+            except ChannelBrokenError as exc:  # maybe the actor is gone: the Ray call finds out
+                channel_failed(entry, exc)
         payload = on_the_wire if isinstance(on_the_wire, bytes) else _serialize(data)
     else:
         payload = _serialize(data)

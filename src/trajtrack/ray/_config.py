@@ -4,7 +4,7 @@ The variables (all optional):
 
 * ``TRAJTRACK_RAY_ACTOR``, ``TRAJTRACK_RAY_NAMESPACE`` -- the tracker actor's name and Ray
   namespace (default ``"global_tracker"`` in ``"trajtrack"``);
-* ``TRAJTRACK_RAY_CHANNEL`` -- ``auto``, ``tcp`` or ``off`` (:data:`CHANNEL_MODES`);
+* ``TRAJTRACK_RAY_CHANNEL`` -- ``auto`` or ``off`` (:data:`CHANNEL_MODES`);
 * ``TRAJTRACK_RAY_PIPELINED=1`` -- ``dump_data`` is pipelined unless told otherwise;
 * ``TRAJTRACK_RAY_MAX_IN_FLIGHT``, ``TRAJTRACK_RAY_MAX_IN_FLIGHT_BYTES`` -- the per-process
   bound on unacknowledged pipelined dumps, and ``TRAJTRACK_RAY_FULL_TIMEOUT`` -- how long a
@@ -60,9 +60,9 @@ DEFAULT_MAX_IN_FLIGHT = 64
 MAX_IN_FLIGHT_BYTES_VAR = "TRAJTRACK_RAY_MAX_IN_FLIGHT_BYTES"
 DEFAULT_MAX_IN_FLIGHT_BYTES = 256 << 20
 CHANNEL_VAR = "TRAJTRACK_RAY_CHANNEL"
-CHANNEL_MODES = ("auto", "tcp", "off")
-"""``auto``: the Unix socket on the actor's node, TCP elsewhere; ``tcp``: always TCP;
-``off``: no channel (every dump is a Ray call; also keeps a new actor from listening)."""
+CHANNEL_MODES = ("auto", "off")
+"""``auto``: the Unix socket on the actor's node, Ray calls from other nodes; ``off``: no
+channel (every dump is a Ray call; also keeps a new actor from listening)."""
 FULL_TIMEOUT_VAR = "TRAJTRACK_RAY_FULL_TIMEOUT"
 DEFAULT_FULL_TIMEOUT = 300.0
 
@@ -94,6 +94,11 @@ def channel_mode() -> str:
         ConfigurationError: Another value.
     """
     mode = os.environ.get(CHANNEL_VAR, "auto").strip().lower() or "auto"
+    if mode == "tcp":
+        raise ConfigurationError(
+            f"{CHANNEL_VAR}=tcp: the TCP channel is gone (it bypassed Ray's TLS and "
+            "authentication); other nodes send their dumps as Ray calls: use auto or off"
+        )
     if mode not in CHANNEL_MODES:
         raise ConfigurationError(
             f"{CHANNEL_VAR}={mode!r}: expected one of {', '.join(CHANNEL_MODES)}"

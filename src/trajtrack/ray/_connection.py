@@ -1,10 +1,10 @@
 """The direct channel, the caller's side: a blocking, thread-safe client with a small pool.
 
-:class:`ChannelClient` opens connections to the actor's channel (the Unix socket on the
-actor's node, TCP elsewhere), says hello with the actor's secret, and sends requests framed as
-:mod:`trajtrack.ray._protocol` says, reading their replies in order. Any failure of the
-channel is a :class:`~trajtrack.ray._protocol.ChannelBrokenError`: the caller then falls back
-to Ray calls. No Ray import; it runs in any thread.
+:class:`ChannelClient` opens connections to the actor's channel (its Unix socket: only a
+process on the actor's node has one), says hello with the actor's secret, and sends requests
+framed as :mod:`trajtrack.ray._protocol` says, reading their replies in order. Any failure of
+the channel is a :class:`~trajtrack.ray._protocol.ChannelBrokenError`: the caller then falls
+back to Ray calls. No Ray import; it runs in any thread.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Sequence
 
 from trajtrack.ray._protocol import (
+    BUSY,
     ERROR,
     FATAL,
     HELLO,
@@ -68,6 +70,7 @@ class _Connection:
         self.sock = sock
         self.forks = _forks  # the process it belongs to
         self.usable = True  # false after a FATAL reply: the server closes it
+        self.idle_since = 0.0  # time.monotonic() when it went back to the pool
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -97,6 +100,8 @@ class _Connection:
             raise ChannelBrokenError(
                 "the tracker actor refused the channel (wrong secret or protocol version)"
             )
+        if status == BUSY:
+            raise ChannelBrokenError("the tracker actor's channel is full (too many connections)")
         raise ChannelBrokenError(f"the tracker actor's channel answered status {status}")
 
     def _exactly(self, size: int) -> bytes:
@@ -116,7 +121,6 @@ class ChannelClient:
     Args:
         endpoints: What the actor's ``ready`` call reported.
         who: This process's identity (sent once per connection).
-        local: Use the Unix socket (the caller is on the actor's node).
         connect_timeout: Seconds to connect and finish the hello.
         reply_timeout: Seconds to wait for a reply; the actor holds it back while its queue is
             full (backpressure), so this is the acknowledged dump's whole wait.
@@ -127,18 +131,9 @@ class ChannelClient:
         endpoints: Endpoints,
         who: Who,
         *,
-        local: bool,
         connect_timeout: float = 10.0,
         reply_timeout: float = 300.0,
     ) -> None:
-        if local and endpoints.unix_path:
-            self.family, self.address = socket.AF_UNIX, endpoints.unix_path
-        elif endpoints.tcp is not None:
-            ipv6 = ":" in endpoints.tcp[0]
-            self.family = socket.AF_INET6 if ipv6 else socket.AF_INET
-            self.address = endpoints.tcp  # type: ignore[assignment]
-        else:
-            raise ChannelBrokenError("the tracker actor offers no channel this caller can use")
         self.endpoints = endpoints
         self.who = who
         self.connect_timeout = connect_timeout
@@ -147,10 +142,12 @@ class ChannelClient:
         self._lock = threading.Lock()
         self._closed = False
 
-    @property
-    def transport(self) -> str:
-        """``"unix"`` or ``"tcp"``."""
-        return "unix" if self.family == getattr(socket, "AF_UNIX", None) else "tcp"
+    def __repr__(self) -> str:  # never the secret
+        return f"ChannelClient(unix_path={self.endpoints.unix_path!r})"
+
+    def carries(self, size: int) -> bool:
+        """Whether a payload of *size* bytes may go on the channel (larger: a Ray call)."""
+        return size <= self.endpoints.max_payload_bytes
 
     def dump(self, data: Payload, name: str) -> None:
         """Send one dump (serialized bytes or encoded plain data); wait until it is admitted.
@@ -222,12 +219,23 @@ class ChannelClient:
             connection.close()
 
     def _acquire(self) -> _Connection:
+        # The server closes a connection idle for idle_timeout: reuse only those idle for less
+        # than half of it (older ones may be closed already, and a dump sent on one is lost).
+        fresh_since = time.monotonic() - self.endpoints.idle_timeout / 2
+        stale: list[_Connection] = []
+        found = None
         with self._lock:
             while self._idle:
                 connection = self._idle.pop()
-                if connection.forks == _forks:
-                    return connection
-        return self._connect()
+                if connection.forks != _forks:
+                    continue  # the parent's: never closed here
+                if connection.idle_since >= fresh_since:
+                    found = connection
+                    break
+                stale.append(connection)
+        for connection in stale:
+            connection.close()
+        return found if found is not None else self._connect()
 
     def _release(self, connection: _Connection) -> None:
         with self._lock:
@@ -237,17 +245,16 @@ class ChannelClient:
                 and len(self._idle) < MAX_IDLE_CONNECTIONS
                 and connection.forks == _forks
             ):
+                connection.idle_since = time.monotonic()
                 self._idle.append(connection)
                 return
         connection.close()
 
     def _connect(self) -> _Connection:
-        sock = socket.socket(self.family, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.connect_timeout)
-            sock.connect(self.address)
-            if self.family != getattr(socket, "AF_UNIX", None):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.connect(self.endpoints.unix_path)
             who = encode_who(self.who)
             sock.sendall(HELLO.pack(MAGIC, VERSION, self.endpoints.secret, len(who)) + who)
             connection = _Connection(sock)
@@ -261,5 +268,5 @@ class ChannelClient:
         except OSError as exc:
             sock.close()
             raise ChannelBrokenError(
-                f"cannot open the channel to the tracker actor at {self.address}: {exc}"
+                f"cannot open the channel to the tracker actor at {self.endpoints.unix_path}: {exc}"
             ) from exc

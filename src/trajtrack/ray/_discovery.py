@@ -145,17 +145,14 @@ def current(name: str | None = None, namespace: str | None = None) -> Cached:
 
 
 def _open_channel(info: dict[str, Any]) -> ChannelClient | None:
-    """The client for the actor's channel, or ``None`` (off, or the actor has none)."""
-    mode = channel_mode()
-    if mode == "off" or not info.get("channel"):
+    """The client for the actor's channel, or ``None``: off, the actor has none, or it runs
+    on another node (its socket is a Unix socket: there, dumps go as Ray calls)."""
+    if channel_mode() == "off" or not info.get("channel"):
         return None
     endpoints = Endpoints.from_dict(info["channel"])
-    local = mode == "auto" and endpoints.node_id == ray.get_runtime_context().get_node_id()
-    try:
-        return ChannelClient(endpoints, process_identity(), local=local, reply_timeout=limits()[2])
-    except ChannelBrokenError as exc:
-        logger.warning("trajtrack.ray: %s; sending dumps as Ray calls", exc)
+    if endpoints.node_id != ray.get_runtime_context().get_node_id():
         return None
+    return ChannelClient(endpoints, process_identity(), reply_timeout=limits()[2])
 
 
 def channel_failed(cached: Cached, exc: ChannelBrokenError) -> None:

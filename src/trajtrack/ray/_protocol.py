@@ -1,18 +1,20 @@
 """The direct channel's protocol: frames, status codes, errors on the wire, endpoints.
 
-An acknowledged ``dump_data`` through Ray's task path costs a whole actor call (about 1.5 to 3 ms
-on a small machine: task submission, scheduling on the actor's event loop, the reply object),
-while the work itself is to move some bytes to another process and hear back that they were
-queued. So the actor also listens on a socket of its own — a Unix socket for callers on its
-node, TCP on the node's address for the others — and callers that learned its address and
-secret through one Ray call send each dump as one frame and read one small reply.
+An acknowledged ``dump_data`` through Ray's task path costs a whole actor call (task
+submission, scheduling on the actor's event loop, the reply object), while the work itself is
+to move some bytes to another process and hear back that they were queued. So the actor also
+listens on a Unix socket of its own, in a fresh ``0700`` directory on its node: callers on that
+node that learned its path and secret through one Ray call send each dump as one frame and read
+one small reply. Callers on other nodes use Ray's own calls, which carry Ray's TLS and
+authentication where the cluster turns them on; trajtrack opens no network port.
 
 Protocol (all integers little-endian; one connection serves one writer process):
 
 * the client opens with ``HELLO``: ``b"TTRK"``, the protocol version, the actor's 32-byte
   secret and the length of the writer identity, then the identity as JSON
   (``[host, pid, rank, local_rank, world_size]``); the server answers with one reply (status
-  ``OK``), or closes the connection after a ``REFUSED`` reply when anything is wrong;
+  ``OK``), or closes the connection after a ``REFUSED`` reply when anything is wrong, or a
+  ``BUSY`` one when it holds as many connections (or unfinished hellos) as it takes;
 * then any number of requests: kind, name length, payload length, the UTF-8 name, the
   payload: ``DUMP``, the serialized dump (``torch.save`` bytes), or ``PLAIN``, plain data as a
   JSON skeleton plus raw tensor bytes (:mod:`trajtrack.ray._wire`), which the actor rebuilds
@@ -23,11 +25,12 @@ Protocol (all integers little-endian; one connection serves one writer process):
   several requests before reading their replies (the pipelined sender does); replies come in
   order.
 
-The secret travels only inside Ray's own calls (authenticated when the cluster uses Ray's token
-authentication), and it is compared in constant time; a connection that does not present it
-within :data:`HELLO_TIMEOUT` seconds is closed. The socket carries dumps one way and status
-codes the other: nothing received is unpickled or executed, by either side (a ``DUMP`` payload
-is stored as it came, never loaded).
+The secret travels only inside Ray's own calls and is compared in constant time; the socket's
+directory already keeps out other users (the secret keeps out the actor's own user's processes
+that did not ask Ray). The writer identity a client sends is not checked: any process that
+has the secret may claim any host, pid or rank, and records and name templates show what it
+claimed. The socket carries dumps one way and status codes the other: nothing received is
+unpickled or executed, by either side (a ``DUMP`` payload is stored as it came, never loaded).
 
 The actor's side is :mod:`trajtrack.ray._server` (:class:`~trajtrack.ray._server.ChannelServer`,
 on any asyncio loop), the caller's :mod:`trajtrack.ray._connection`
@@ -41,7 +44,7 @@ import builtins
 import json
 import logging
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import trajtrack._exceptions as _exceptions
@@ -49,6 +52,7 @@ from trajtrack._exceptions import TrajtrackError
 from trajtrack.ray._wire_encode import Encoded
 
 __all__ = [
+    "BUSY",
     "ERROR",
     "FATAL",
     "HELLO",
@@ -74,6 +78,7 @@ __all__ = [
     "decode_who",
     "encode_error",
     "encode_who",
+    "payload_size",
 ]
 
 logger = logging.getLogger(__name__)
@@ -90,8 +95,9 @@ SECRET_BYTES = 32
 KIND_DUMP = 1
 KIND_PLAIN = 2
 KINDS = (KIND_DUMP, KIND_PLAIN)
-OK, ERROR, REFUSED, FATAL = 0, 1, 2, 3
-"""Reply statuses; ``FATAL`` is an error after which the server closes the connection."""
+OK, ERROR, REFUSED, FATAL, BUSY = 0, 1, 2, 3, 4
+"""Reply statuses; ``FATAL`` is an error after which the server closes the connection;
+``BUSY``: the server holds as many connections as it takes (it closes this one)."""
 
 
 HELLO: Final = struct.Struct("<4sB32sH")  # magic, version, secret, identity length
@@ -101,8 +107,10 @@ REPLY: Final = struct.Struct("<BI")  # status, length of the error JSON that fol
 MAX_NAME_BYTES = 4096
 MAX_WHO_BYTES = 4096
 MAX_ERROR_BYTES = 64 << 10
-HELLO_TIMEOUT = 10.0
-"""Seconds a new connection has to present the secret and its identity."""
+HELLO_TIMEOUT = 2.0
+"""Seconds a new connection has to present the secret and its identity (a local socket: a
+well-behaved client sends its hello at once)."""
+_INT64 = 1 << 63
 
 
 class ChannelBrokenError(TrajtrackError, ConnectionError):
@@ -130,37 +138,47 @@ class ChannelBrokenError(TrajtrackError, ConnectionError):
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where an actor's channel listens and the secret it wants.
+    """Where an actor's channel listens, the secret it wants, and its limits.
 
     Attributes:
-        secret: The 32 bytes a client presents in its hello.
+        secret: The 32 bytes a client presents in its hello (kept out of ``repr``).
         node_id: The Ray node of the actor (the Unix socket only works on that node).
-        unix_path: The Unix socket, or ``None``.
-        tcp: ``(host, port)`` on the node's address, or ``None``.
+        unix_path: The Unix socket.
+        max_payload_bytes: The largest payload the server reads; a client sends larger dumps
+            as Ray calls.
+        idle_timeout: Seconds the server keeps a connection with no request open; a client
+            does not reuse a connection idle for half as long.
     """
 
-    secret: bytes
+    secret: bytes = field(repr=False)
     node_id: str
-    unix_path: str | None
-    tcp: tuple[str, int] | None
+    unix_path: str
+    max_payload_bytes: int
+    idle_timeout: float
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "secret": self.secret.hex(),
             "node_id": self.node_id,
             "unix_path": self.unix_path,
-            "tcp": list(self.tcp) if self.tcp else None,
+            "max_payload_bytes": self.max_payload_bytes,
+            "idle_timeout": self.idle_timeout,
         }
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Endpoints:
-        tcp = raw.get("tcp")
         return cls(
             secret=bytes.fromhex(raw["secret"]),
             node_id=str(raw["node_id"]),
-            unix_path=raw.get("unix_path"),
-            tcp=(str(tcp[0]), int(tcp[1])) if tcp else None,
+            unix_path=str(raw["unix_path"]),
+            max_payload_bytes=int(raw["max_payload_bytes"]),
+            idle_timeout=float(raw["idle_timeout"]),
         )
+
+
+def payload_size(payload: Payload) -> int:
+    """The bytes *payload* puts on the wire."""
+    return payload.size if isinstance(payload, Encoded) else len(payload)
 
 
 # --------------------------------------------------------------------------- errors on the wire
@@ -225,9 +243,21 @@ def encode_who(who: Who) -> bytes:
 
 
 def decode_who(raw: bytes) -> Who:
-    host, pid, rank, local_rank, world_size = json.loads(raw)
-    if not isinstance(host, str) or not all(
-        isinstance(v, int) for v in (pid, rank, local_rank, world_size)
+    """The writer identity of a hello, checked for shape only (it is not authenticated).
+
+    Raises:
+        ValueError: Not ``[str, int, int, int, int]`` with 64-bit integers.
+    """
+    try:
+        fields = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting in 4 KiB of JSON
+        raise ValueError(f"bad writer identity: {type(exc).__name__}") from None
+    if (
+        type(fields) is not list
+        or len(fields) != 5
+        or type(fields[0]) is not str
+        or not all(type(v) is int and -_INT64 <= v < _INT64 for v in fields[1:])
     ):
         raise ValueError("bad writer identity")
+    host, pid, rank, local_rank, world_size = fields
     return (host, pid, rank, local_rank, world_size)

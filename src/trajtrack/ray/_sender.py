@@ -29,7 +29,7 @@ import ray.exceptions
 from trajtrack._exceptions import ConfigurationError
 from trajtrack.ray._config import FULL_TIMEOUT_VAR, limits
 from trajtrack.ray._discovery import Cached, channel_failed, current, current_actor, forget
-from trajtrack.ray._protocol import ChannelBrokenError, Payload, Who
+from trajtrack.ray._protocol import ChannelBrokenError, Payload, Who, payload_size
 from trajtrack.ray._wire_decode import decode
 from trajtrack.ray._wire_encode import Captured, encode
 from trajtrack.tracker import NotPlainError, ObjectPayload, add_note, exit_timeout_from_env
@@ -298,26 +298,35 @@ class Sender:
     def _over_channel(
         cached: Cached, items: list[_Item]
     ) -> tuple[list[_Item], list[tuple[int, BaseException]]]:
-        """Send a batch on the channel, in order; return what is left for Ray, and failures."""
-        assert cached.channel is not None
+        """Send a batch on the channel, in order; return what is left for Ray, and failures.
+
+        From the first payload over the channel's limit on, the batch goes as a Ray call
+        (after the replies of those before it: the order is kept).
+        """
+        channel = cached.channel
+        assert channel is not None
         frames: list[tuple[Payload, str]] = []
         sent: list[_Item] = []
         failures: list[tuple[int, BaseException]] = []
         for index, item in enumerate(items):
             try:
-                frames.append((on_the_wire(item.payload), item.name))
+                frame = on_the_wire(item.payload)
             except Exception as exc:
                 failures.append((index, exc))
-            else:
-                sent.append(item)
+                continue
+            if not channel.carries(payload_size(frame)):
+                break
+            frames.append((frame, item.name))
+            sent.append(item)
+        rest = items[len(sent) + len(failures) :]
         try:
-            refused = cached.channel.dump_many(frames)
+            refused = channel.dump_many(frames)
         except ChannelBrokenError as exc:  # the unanswered rest goes as Ray calls
             channel_failed(cached, exc)
-            return sent[exc.replies :], [*failures, *exc.failures]
+            return [*sent[exc.replies :], *rest], [*failures, *exc.failures]
         for item in sent:
             item.payload = b""
-        return [], [*failures, *refused]
+        return rest, [*failures, *refused]
 
     def _on_done(
         self,

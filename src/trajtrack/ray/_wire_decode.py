@@ -1,10 +1,12 @@
 """Plain data from the wire, on the actor's side: :func:`parse` checks, :func:`decode` builds.
 
 The format is :mod:`trajtrack.ray._wire`'s. What arrives is untrusted: :func:`parse` checks
-the whole payload (sizes against the buffers, dtypes from allow-lists, the nesting depth)
-and rebuilds the structure without making a tensor; :meth:`Decoded.build` then makes the
-tensors and arrays on the received buffer, without copying (the actor's upload worker calls
-it, in its thread). Nothing is imported or called by name.
+the whole payload (sizes against the buffers, dtypes from allow-lists, the nesting depth,
+every buffer used by one node at most, dict keys scalars) and rebuilds the structure without
+making a tensor or copying a ``bytes`` value; :meth:`Decoded.build` then makes the tensors and
+arrays on the received buffer, without copying, and the ``bytes`` values (the actor's upload
+worker calls it, in its thread). What the built object holds is at most twice the payload,
+and :attr:`Decoded.nbytes` counts it. Nothing is imported or called by name.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import logging
 import math
 import struct
+import sys
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -58,10 +61,12 @@ class Decoded:
 
     __slots__ = ("_payload", "nbytes", "root")
 
-    def __init__(self, root: Any, payload: bytearray) -> None:
+    def __init__(self, root: Any, payload: bytearray, copied: int) -> None:
         self.root = root
         self._payload = payload
-        self.nbytes = len(payload)  # what the built object holds: it shares these bytes
+        # What the built object holds: the payload it shares, and the bytes values it copies
+        # (each buffer is used once: at most the payload's length again).
+        self.nbytes = len(payload) + copied
 
     def build(self) -> Any:
         """The object; its tensors and arrays share the payload's memory."""
@@ -96,8 +101,19 @@ class _Pending:
         return tensor
 
 
+class _PendingBytes:
+    """A checked ``bytes`` value of a :class:`Decoded`, copied out of the payload by build."""
+
+    __slots__ = ("length", "offset")
+
+    def __init__(self, offset: int, length: int) -> None:
+        self.offset, self.length = offset, length
+
+
 def _build(node: Any, payload: bytearray, made: dict[int, torch.Tensor]) -> Any:
     kind = type(node)
+    if kind is _PendingBytes:
+        return bytes(payload[node.offset : node.offset + node.length])
     if kind is _Pending:
         tensor = made.get(id(node))
         if tensor is None:  # one tensor sent twice is one _Pending: it stays one tensor
@@ -135,7 +151,7 @@ def parse(payload: bytearray) -> Decoded:
         root = decoder.node(skeleton["root"], 0)
     except _PARSE_ERRORS as exc:
         raise ValueError(f"malformed plain payload: {exc}") from None
-    return Decoded(root, payload)
+    return Decoded(root, payload, decoder.copied)
 
 
 def decode(payload: bytearray) -> tuple[Any, int]:
@@ -158,9 +174,23 @@ class _Decoder:
     def __init__(self, payload: bytearray, body: int, spans: Any, tensors: Any) -> None:
         self.payload = payload
         self.body = body  # buffers start after the skeleton
-        self.spans = self._layout(spans)
+        self.spans: list[tuple[int, int]] = self._layout(spans)
         self.tensor_specs: Sequence[Any] = tensors
         self.tensors: dict[int, _Pending] = {}
+        self.used: set[int] = set()  # buffers a node has taken: each is taken once
+        self.copied = 0  # bytes values' lengths: build copies them
+
+    def span(self, index: Any) -> tuple[int, int]:
+        """Buffer *index*'s ``(offset, length)``, taken: a second node taking it is refused.
+
+        Without this, a small skeleton naming one large buffer many times would make the
+        actor hold (bytes values) or write (arrays, tensors) many times what was received.
+        """
+        number = int(index)
+        if number < 0 or number in self.used:
+            raise ValueError(f"buffer {number} is used twice, or does not exist")
+        self.used.add(number)
+        return self.spans[number]
 
     def _layout(self, lengths: Any) -> list[tuple[int, int]]:
         spans, position = [], self.body
@@ -195,8 +225,9 @@ class _Decoder:
         if tag == "g":
             return self.array(node[1], [], int(node[2]))[()]
         if tag == "b":
-            offset, length = self.spans[int(node[1])]
-            return bytes(self.payload[offset : offset + length])
+            offset, length = self.span(node[1])
+            self.copied += length
+            return _PendingBytes(offset, length)
         if tag == "c":
             return complex(float(node[1]), float(node[2]))
         if tag == "D":
@@ -204,10 +235,16 @@ class _Decoder:
         raise ValueError(f"unknown tag {tag!r}")
 
     def key(self, node: Any, depth: int) -> Any:
-        key = self.node(node, depth)
-        if type(key) is _Pending or isinstance(key, np.ndarray):
-            raise ValueError("a tensor or an array as a dict key")
-        return key
+        """A dict key: a scalar, a complex number or bytes (what the encoder sends), else
+        refused -- a container as a key could hold what only values may (a tensor to make)."""
+        if type(node) in SCALARS:
+            return node
+        if type(node) is list and node and node[0] in ("c", "b"):
+            key = self.node(node, depth)
+            if type(key) is _PendingBytes:  # a key must hash now: copied here
+                key = bytes(self.payload[key.offset : key.offset + key.length])
+            return key
+        raise ValueError("a dict key that is not a scalar, a complex number or bytes")
 
     def tensor(self, index: int) -> _Pending:
         seen = self.tensors.get(index)
@@ -216,8 +253,9 @@ class _Decoder:
         if index < 0:
             raise ValueError("bad tensor index")
         dtype_name, shape, buffer, requires_grad = self.tensor_specs[index]
-        dtype, dims = _torch_dtype(dtype_name), _shape(shape)
-        offset, length = self.spans[int(buffer)]
+        dtype = _torch_dtype(dtype_name)
+        dims = _shape(shape, dtype.itemsize)
+        offset, length = self.span(buffer)
         if math.prod(dims) * dtype.itemsize != length:
             raise ValueError("tensor size does not match its buffer")
         grad = requires_grad is True and (dtype.is_floating_point or dtype.is_complex)
@@ -227,8 +265,8 @@ class _Decoder:
     def array(self, dtype_str: Any, shape: Any, buffer: int) -> Any:
         dtype = np.dtype(str(dtype_str))
         plain_numpy_dtype(dtype)  # refuses object, structured and void dtypes
-        dims = _shape(shape)
-        offset, length = self.spans[buffer]
+        dims = _shape(shape, dtype.itemsize)
+        offset, length = self.span(buffer)
         if math.prod(dims) * dtype.itemsize != length:
             raise ValueError("array size does not match its buffer")
         flat = np.frombuffer(self.payload, dtype=dtype, count=math.prod(dims), offset=offset)
@@ -242,7 +280,22 @@ def _torch_dtype(name: Any) -> torch.dtype:
     return dtype
 
 
-def _shape(shape: Any) -> tuple[int, ...]:
-    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+_MAX_DIMS: Final = 32
+"""numpy's limit before 2.0 (torch's and numpy 2's are higher)."""
+
+
+def _shape(shape: Any, itemsize: int) -> tuple[int, ...]:
+    """A shape, refused when torch or numpy could not make it (even with zero elements).
+
+    A zero in a shape makes the element count 0 whatever the other dimensions are, so the
+    size check against the buffer passes; the other dimensions must still fit in an index.
+    """
+    if (
+        type(shape) is not list
+        or len(shape) > _MAX_DIMS
+        or not all(type(d) is int and d >= 0 for d in shape)
+    ):
         raise ValueError("bad shape")
+    if math.prod(max(d, 1) for d in shape) * max(itemsize, 1) > sys.maxsize:
+        raise ValueError(f"shape {shape} overflows")
     return tuple(shape)
