@@ -131,7 +131,7 @@ def verl_rollout_sample_class() -> type:
     except ImportError:
         spec = importlib.util.find_spec("verl")
         assert spec is not None and spec.submodule_search_locations is not None
-        root = Path(list(spec.submodule_search_locations)[0])
+        root = Path(next(iter(spec.submodule_search_locations)))
         source = (root / "experimental" / "fully_async_policy" / "detach_utils.py").read_text()
         node = next(
             n
@@ -142,7 +142,7 @@ def verl_rollout_sample_class() -> type:
         module.__dict__.update(dataclass=dataclasses.dataclass, Any=Any)
         sys.modules[SAMPLE_MODULE] = module  # the dataclass decorator looks its module up
         code = compile(ast.Module(body=[node], type_ignores=[]), str(root), "exec")
-        exec(code, module.__dict__)  # noqa: S102  (verl's own class statement)
+        exec(code, module.__dict__)  # verl's own class statement
     cls: type = module.RolloutSample
     return cls
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for _support
 
-from _support.verl_cases import FIXTURES, write_fixtures  # noqa: E402
+from _support.verl_cases import FIXTURES, write_fixtures
 
 if __name__ == "__main__":
     write_fixtures(FIXTURES)
