@@ -4,8 +4,8 @@
 verl's fully-async ``RolloutSample``) written by :func:`write_fixtures` (``python
 tests/verl/make_fixtures.py``). The values are deterministic, so a test without verl or
 tensordict installed compares what trajtrack reads from them with :func:`expected`, built here
-from torch and numpy only; :func:`assert_same` compares with ``torch.equal`` and numpy's own
-equality, never with trajtrack's.
+from torch and numpy only (with ``_support.expect.assert_same``: ``torch.equal`` and numpy's own
+equality, never trajtrack's).
 """
 
 from __future__ import annotations
@@ -88,32 +88,6 @@ def expected(name: str) -> Any:
         )
     one = expected("consolidated")
     return [one, {"again": one, "step": 3}]
-
-
-def assert_same(got: Any, want: Any, where: str = "") -> None:
-    """Structural equality: tensors by ``torch.equal`` and dtype, arrays by numpy's equality."""
-    if isinstance(want, torch.Tensor):
-        assert type(got) is torch.Tensor, where
-        assert got.dtype == want.dtype and torch.equal(got, want), where
-    elif isinstance(want, np.ndarray):
-        assert type(got) is np.ndarray and got.dtype == want.dtype, where
-        assert got.shape == want.shape, where
-        for index in np.ndindex(want.shape):
-            assert_same(got[index], want[index], f"{where}[{index}]")
-    elif isinstance(want, dict):
-        assert type(got) is dict and list(got) == list(want), f"{where}: {got!r:.200}"
-        for key in want:
-            assert_same(got[key], want[key], f"{where}[{key!r}]")
-    elif isinstance(want, list):
-        assert type(got) is list and len(got) == len(want), where
-        for index, (a, b) in enumerate(zip(got, want, strict=True)):
-            assert_same(a, b, f"{where}[{index}]")
-    elif dataclasses.is_dataclass(want) or type(want).__name__ == "RolloutBatch":
-        assert type(got) is type(want), f"{where}: {type(got)}"
-        for field, value in vars(want).items():
-            assert_same(getattr(got, field), value, f"{where}.{field}")
-    else:
-        assert type(got) is type(want) and got == want, f"{where}: {got!r} != {want!r}"
 
 
 # ----------------------------------------------------------------- writing (needs verl)
