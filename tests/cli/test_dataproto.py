@@ -46,25 +46,31 @@ class Foreign:
             def __getstate__(self) -> Any:
                 return self.state
 
-        def rebuild(metadata: Any, storage: Any) -> Any:  # pragma: no cover - never unpickled
-            raise AssertionError("tensordict's function must never run")
+        def function(name: str) -> Any:
+            def rebuild(*args: Any) -> Any:  # pragma: no cover - never unpickled
+                raise AssertionError("tensordict's function must never run")
+
+            rebuild.__module__ = "tensordict._reductions"
+            rebuild.__qualname__ = rebuild.__name__ = name
+            setattr(modules["tensordict._reductions"], name, rebuild)
+            return rebuild
 
         DataProto.__module__, DataProto.__qualname__ = "verl.protocol", "DataProto"
-        rebuild.__module__ = "tensordict._reductions"
-        rebuild.__qualname__ = rebuild.__name__ = "_rebuild_tensordict_files_consolidated"
         modules["verl.protocol"].DataProto = DataProto  # type: ignore[attr-defined]
-        modules["tensordict._reductions"]._rebuild_tensordict_files_consolidated = rebuild  # type: ignore[attr-defined]
         for name, module in modules.items():
             monkeypatch.setitem(sys.modules, name, module)
         self.DataProto = DataProto
-        self.rebuild = rebuild
+        self.rebuild = function("_rebuild_tensordict_files_consolidated")
+        self.rebuild_files = function("_rebuild_tensordict_files")
 
     def consolidated(self, metadata: Any, storage: Any) -> Any:
-        rebuild = self.rebuild
+        return self.reduced(self.rebuild, metadata, storage)
 
+    @staticmethod
+    def reduced(function: Any, *args: Any) -> Any:
         class Reduced:
             def __reduce__(self) -> tuple[Any, ...]:
-                return (rebuild, (metadata, storage))
+                return (function, args)
 
         return Reduced()
 
@@ -130,6 +136,18 @@ def test_a_consolidated_dataproto_reads_as_a_rollout_batch(
     bf16 = np.frombuffer(RAW[8:12], dtype=np.uint16)
     assert batch.batch["n"]["z"].view(torch.uint16).numpy().tolist() == bf16.tolist()
     assert batch.non_tensor_batch["uid"].tolist() == ["a", "b"] and batch.meta_info == {"step": 3}
+
+
+def test_tensordicts_rebuild_files_form_reads_tensors_by_key_path(foreign: Foreign) -> None:
+    x, z = torch.arange(4).reshape(ROWS, 2), torch.tensor([True, False])
+    meta = metadata({"x": None}, n=metadata({"z": None}))
+    inner = saved(foreign.reduced(foreign.rebuild_files, {("x",): x, ("n", "z"): z}, meta))
+    batch = load_dump_bytes(foreign.proto(inner))
+    assert batch.batch["x"].tolist() == [[0, 1], [2, 3]]
+    assert batch.batch["n"]["z"].tolist() == [True, False]
+    missing = saved(foreign.reduced(foreign.rebuild_files, {("x",): x}, meta))
+    with pytest.raises(trajtrack.DumpLoadError, match=r"no tensor for key \('n', 'z'\)"):
+        load_dump_bytes(foreign.proto(missing))
 
 
 def inner_of(foreign: Foreign, leaves: dict[str, Any], **meta: Any) -> bytes:

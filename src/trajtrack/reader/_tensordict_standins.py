@@ -20,6 +20,7 @@ nested jagged tensors are refused.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from trajtrack.reader._numpy_standins import mark_pending
 __all__ = ["TENSORDICT_GLOBALS", "TensorDictStandIn"]
 
 _MAX_NESTING = 64  # sub-TensorDicts inside sub-TensorDicts
+_TensorOf = Callable[[tuple[str, ...], Any], torch.Tensor]
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     str(value): value for value in vars(torch).values() if isinstance(value, torch.dtype)
 }
@@ -103,19 +105,24 @@ def _leaf(key: str, leaf: Any, storage: torch.Tensor) -> torch.Tensor:
         raise _refuse(f"leaf {key!r}: {exc}") from None
 
 
-def _consolidated(metadata: Any, storage: torch.Tensor, depth: int) -> TensorDictStandIn:
+def _build(
+    metadata: Any, tensor_of: _TensorOf, prefix: tuple[str, ...], depth: int
+) -> TensorDictStandIn:
+    """One TensorDict from its metadata: *tensor_of(key path, leaf)* gives each tensor."""
     if depth > _MAX_NESTING:
         raise _refuse(f"TensorDicts nested more than {_MAX_NESTING} deep")
     if type(metadata) is not dict:
         raise _refuse("metadata is not a dict")
     rest = dict(metadata)
     leaves, batch_size = _head(rest)
-    items: dict[str, Any] = {_key(key): _leaf(key, leaf, storage) for key, leaf in leaves.items()}
     rest.pop("size", None)  # the storage's size, for tensordict's own readers
+    items: dict[str, Any] = {}
+    for key, leaf in leaves.items():
+        items[_key(key)] = tensor_of((*prefix, key), leaf)
     for key, sub in rest.items():
         if _key(key) in items:
             raise _refuse(f"key {key!r} is both a tensor and a sub-TensorDict")
-        items[key] = _consolidated(sub, storage, depth + 1)
+        items[key] = _build(sub, tensor_of, (*prefix, key), depth + 1)
     return TensorDictStandIn(items, batch_size)
 
 
@@ -138,41 +145,26 @@ def _rebuild_consolidated(metadata: Any, storage: Any) -> TensorDictStandIn:
     """``_rebuild_tensordict_files_consolidated(metadata, storage)``, from data."""
     if type(storage) is not torch.Tensor or storage.dtype != torch.uint8 or storage.dim() != 1:
         raise _refuse("the consolidated storage is not a 1-D uint8 tensor")
-    return _consolidated(metadata, storage, 0)
+    return _build(metadata, lambda path, leaf: _leaf(path[-1], leaf, storage), (), 0)
 
 
 def _rebuild_files(flat_key_values: Any, metadata: Any, is_shared: Any = False) -> Any:
     """``_rebuild_tensordict_files(flat_key_values, metadata_dict)``, from data."""
     if type(flat_key_values) is not dict:
         raise _refuse("flat_key_values is not a dict")
-    return _files(flat_key_values, metadata, (), 0)
+
+    def tensor_of(path: tuple[str, ...], _: Any) -> torch.Tensor:
+        value = flat_key_values.get(path)
+        if type(value) is not torch.Tensor:
+            raise _refuse(f"no tensor for key {path!r:.80}")
+        return value
+
+    return _build(metadata, tensor_of, (), 0)
 
 
 def _rebuild_files_shared(flat_key_values: Any, metadata: Any) -> Any:
     """``_rebuild_tensordict_files_shared``: the same data."""
     return _rebuild_files(flat_key_values, metadata)
-
-
-def _files(
-    flat: dict[Any, Any], metadata: Any, prefix: tuple[str, ...], depth: int
-) -> TensorDictStandIn:
-    if depth > _MAX_NESTING:
-        raise _refuse(f"TensorDicts nested more than {_MAX_NESTING} deep")
-    if type(metadata) is not dict:
-        raise _refuse("metadata is not a dict")
-    rest = dict(metadata)
-    leaves, batch_size = _head(rest)
-    items: dict[str, Any] = {}
-    for key in leaves:
-        value = flat.get((*prefix, _key(key)))
-        if type(value) is not torch.Tensor:
-            raise _refuse(f"no tensor for key {(*prefix, key)!r:.80}")
-        items[key] = value
-    for key, sub in rest.items():
-        if _key(key) in items:
-            raise _refuse(f"key {key!r} is both a tensor and a sub-TensorDict")
-        items[key] = _files(flat, sub, (*prefix, key), depth + 1)
-    return TensorDictStandIn(items, batch_size)
 
 
 def _make_td(cls: Any, state: Any) -> TensorDictStandIn:
