@@ -181,8 +181,12 @@ def test_show_reads_a_dataproto_without_unsafe(
 def test_diff_names_the_changed_key_and_finds_identical_runs_equal(
     runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = run_cli(capsys, "diff", str(runs["a"]), str(runs["changed"]))
+    report = runs["a"].parent / "report.html"
+    code, out, _ = run_cli(
+        capsys, "diff", str(runs["a"]), str(runs["changed"]), "--html", str(report)
+    )
     assert code == 1, out
+    assert "old_log_probs&#x27;]: 1 of 15 elements differ" in report.read_text()
     assert "DIFFERENT  step1/nested" in out
     assert ".batch['old_log_probs']: 1 of 15 elements differ" in out
     assert "5 dumps: 4 equal, 1 different" in out

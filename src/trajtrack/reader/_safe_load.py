@@ -238,8 +238,8 @@ def _safe_load(source: bytes | str, where: str) -> Any:
         refusal = exc
     except _CANNOT_OPEN:
         raise  # the file could not be opened: the caller's error, not the dump's
-    except (UnsafeLoadError, DumpLoadError):
-        raise  # a stand-in refused its data (finish): already typed and worded
+    except (UnsafeLoadError, DumpLoadError) as exc:  # a stand-in refused its data (finish)
+        raise type(exc)(f"{where}: {exc}") from exc
     except Exception as exc:  # RuntimeError, EOFError, OSError(EINVAL)... on bad bytes
         raise DumpLoadError(f"{where}: cannot be loaded: {first_line(exc)}") from exc
     needed = refused_globals(_file(source), str(refusal))
