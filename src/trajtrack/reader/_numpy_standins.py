@@ -94,9 +94,7 @@ class DTypeStandIn:
             raise _refuse("structured and sub-array dtypes are not supported")
         if byteorder not in _BYTEORDERS:
             raise _refuse(f"dtype byte order {byteorder!r:.20}")
-        dtype = _dtype(self.code)
-        if byteorder in "<>" and dtype.byteorder != "|":
-            dtype = dtype.newbyteorder(byteorder)
+        dtype = _dtype(byteorder + self.code)  # numpy's own normalization ("<f4" is native)
         if type(elsize) is not int or elsize not in (-1, dtype.itemsize):
             raise _refuse(f"dtype size {elsize!r:.20} does not match {self.code}")
         self.value = dtype  # state[6] (alignment) and state[7] (flags) are never applied
@@ -142,6 +140,13 @@ def _reconstruct(cls: Any, shape: Any, typecode: Any) -> ArrayStandIn:
     return result
 
 
+def _empty_bytes(*args: Any) -> bytes:
+    """``bytes()``, how pickle writes ``b""`` (an empty array's data); nothing else."""
+    if args:
+        raise _refuse("bytes() with arguments")
+    return b""
+
+
 def _scalar(dtype_in: Any, data: Any = None) -> Any:
     """numpy's ``scalar(dtype, bytes)``: one numeric value from exactly its bytes."""
     if type(dtype_in) is not DTypeStandIn:
@@ -161,5 +166,6 @@ NUMPY_GLOBALS: tuple[tuple[Any, str], ...] = (
     (DTypeStandIn, "numpy.dtype"),
     *((_reconstruct, f"{module}._reconstruct") for module in _MODULES),
     *((_scalar, f"{module}.scalar") for module in _MODULES),
+    (_empty_bytes, "builtins.bytes"),
 )
 """(stand-in, numpy's name) pairs for ``torch.serialization.add_safe_globals``."""
