@@ -93,3 +93,14 @@ def test_without_standins_built_finish_returns_the_object_itself() -> None:
     finish(None)  # clears what earlier loads in this thread left pending
     value = [torch.ones(2), {"k": [1]}]
     assert finish(value) is value
+
+
+def test_trajtracks_allow_list_has_none_of_numpys_own_reconstructors() -> None:
+    """What `trajtrack show`/`diff` add to their own process (#32 item 1)."""
+    from trajtrack.reader._safe_load import allowed_globals
+
+    targets = [g[0] if isinstance(g, tuple) else g for g in allowed_globals()]
+    numpy_own = [np.empty(0).__reduce__()[0], np.float64(0).__reduce__()[0], np.ndarray, np.dtype]
+    assert not any(target is own for target in targets for own in numpy_own)
+    names = {g[1] for g in allowed_globals() if isinstance(g, tuple)}
+    assert {"numpy.ndarray", "verl.protocol.DataProto"} <= names
