@@ -37,7 +37,7 @@ _BATCHES: dict[str, tuple[str | None, str | None]] = {
     "numpy_form": ("flat", "numpy"),
     "no_batch": (None, None),
 }
-NAMES = (*_BATCHES, "verl_sample", "containers")
+NAMES = (*_BATCHES, "verl_sample", "containers", "bare_tensordict")
 
 
 def tensors(kind: str, rows: int = 3) -> dict[str, Any]:
@@ -86,6 +86,8 @@ def expected(name: str) -> Any:
             epoch=0,
             rollout_status={"count/total_generated_samples": 12, "staleness": 0.5},
         )
+    if name == "bare_tensordict":  # a TensorDict dumped by itself: tensordict's _make_td form
+        return tensors("nested")
     one = expected("consolidated")
     return [one, {"again": one, "step": 3}]
 
@@ -151,6 +153,8 @@ def real_object(name: str) -> tuple[Any, str | None]:
             full_batch=proto, sample_id="sample_0_3", epoch=0, rollout_status=status
         )
         return sample, None
+    if name == "bare_tensordict":
+        return TensorDict(tensors("nested"), batch_size=[3]), None
     proto, _ = real_object("consolidated")
     return [proto, {"again": proto, "step": 3}], None
 

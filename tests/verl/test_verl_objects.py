@@ -2,10 +2,11 @@
 
 A synchronous trainer (a subprocess: verl's own objects, ``trajtrack.dump_data`` with
 ``VERL_ENABLE_TRACKER=1``) dumps a consolidated, a nested, an empty-batch and a numpy-form
-``DataProto`` and verl's ``RolloutSample`` each step; ``SyncRun.load``, ``trajtrack show`` and
-``trajtrack diff`` read them. Values are compared with ``torch.equal`` and numpy's equality
-against the originals. verl's ``RolloutSample`` module imports verl's trainer (torchdata,
-datasets...); where that is not installed the class is built from verl's own source
+``DataProto``, verl's ``RolloutSample`` and a bare (non-consolidated) ``TensorDict``, one a
+step; ``SyncRun.load``, ``trajtrack show`` and ``trajtrack diff`` read them. Values are
+compared with ``torch.equal`` and numpy's equality against the originals. verl's
+``RolloutSample`` module imports verl's trainer (torchdata, datasets...); where that is not
+installed the class is built from verl's own source
 (``_support.verl_cases.verl_rollout_sample_class``) under its real name.
 """
 
@@ -38,7 +39,7 @@ require_module(
 pytestmark = pytest.mark.verl
 
 TESTS = Path(__file__).resolve().parent.parent
-STEPS = ("consolidated", "nested", "empty_batch", "numpy_form", "verl_sample")
+STEPS = ("consolidated", "nested", "empty_batch", "numpy_form", "verl_sample", "bare_tensordict")
 
 TRAINER = """
 import sys
@@ -136,6 +137,11 @@ def test_syncrun_loads_what_the_trainer_dumped(runs: dict[str, Path]) -> None:
             loaded = run.load(f"step{step}/{name}")
             original, _ = real_object(name)
             assert_same(loaded, expected(name), name)
+            if name == "bare_tensordict":  # a TensorDict dumped by itself: nested dicts
+                want = leaves(original)
+                assert list(leaves(loaded)) == list(want)
+                assert all(torch.equal(leaves(loaded)[k], v) for k, v in want.items())
+                continue
             if name == "verl_sample":
                 assert loaded.sample_id == original.sample_id
                 assert loaded.rollout_status == original.rollout_status
@@ -148,6 +154,7 @@ def test_syncrun_loads_what_the_trainer_dumped(runs: dict[str, Path]) -> None:
         }
         assert "tensordict._reductions._rebuild_tensordict_files_consolidated" in forms["nested"]
         assert "tensordict._reductions._make_td" in forms["empty_batch"]
+        assert "tensordict._reductions._make_td" in forms["bare_tensordict"]
         assert not any(name.startswith("tensordict") for name in forms["numpy_form"])
         assert "verl.protocol.DataProto" in forms["numpy_form"]
 
@@ -189,10 +196,10 @@ def test_diff_names_the_changed_key_and_finds_identical_runs_equal(
     assert "old_log_probs&#x27;]: 1 of 15 elements differ" in report.read_text()
     assert "DIFFERENT  step1/nested" in out
     assert ".batch['old_log_probs']: 1 of 15 elements differ" in out
-    assert "5 dumps: 4 equal, 1 different" in out
+    assert "6 dumps: 5 equal, 1 different" in out
     code, out, _ = run_cli(capsys, "diff", str(runs["a"]), str(runs["same"]))
     assert code == 0, out
-    assert "5 dumps: 5 equal, 0 different" in out and "0 errors" in out
+    assert "6 dumps: 6 equal, 0 different" in out and "0 errors" in out
 
 
 def test_converters_round_trip_nested_tensordicts() -> None:
