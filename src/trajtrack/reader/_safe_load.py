@@ -4,7 +4,9 @@ A dump directory is untrusted input: unpickling runs whatever code the pickle na
 with PyTorch's restricted unpickler, which only builds tensors, containers, scalars and the
 globals allow-listed for it, and nothing here touches torch's internals. trajtrack's own
 allow-list (:func:`allowed_globals`: the rollout layer's :data:`trajtrack.rollout.SAFE_GLOBALS`
-— ``RolloutSample``, ``RolloutBatch``, ``ValidateMetrics`` and the numpy types they need — plus
+— ``RolloutSample``, ``RolloutBatch``, ``ValidateMetrics`` and stand-ins for the numpy types they
+need — the stand-ins under verl's and tensordict's names (:mod:`trajtrack.reader._standins`,
+whose :func:`~trajtrack.reader._standins.finish` runs after each torch load), plus
 ``OrderedDict`` and ``Counter``) is never added to the caller's process-wide list behind its back:
 
 1. Every load first runs ``torch.load(weights_only=True)`` with the process's own allow-list
