@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import pickle
+import types
 from typing import Any
 
 import numpy as np
@@ -11,6 +13,7 @@ import torch
 
 import trajtrack
 from trajtrack.rollout import (
+    SAFE_GLOBALS,
     BatchConflictError,
     BatchError,
     BatchKeyError,
@@ -258,3 +261,77 @@ def test_batches_equal_only_with_equal_values() -> None:
     assert batch([1.0, 2.0]) != batch([1.0, 2.5])  # same dtype and shape, another value
     assert batch([1.0, float("nan")]) != batch([float("nan"), 1.0])
     assert RolloutSample(batch([1.0, 2.0])) != RolloutSample(batch([1.0, 2.5]))
+
+
+def nested_batch() -> RolloutBatch:
+    critic = {"values": torch.arange(6.0).reshape(3, 2), "deep": {"steps": torch.tensor([7, 8, 9])}}
+    return RolloutBatch(
+        {"ids": torch.tensor([[1], [2], [3]]), "critic": critic}, {"uid": ["a", "b", "c"]}
+    )
+
+
+def test_nested_mappings_are_kept_and_checked() -> None:
+    """A nested TensorDict of a DataProto is a nested dict (#33): no BatchTypeError."""
+    batch = nested_batch()
+    assert len(batch) == 3 and batch.batch["critic"]["deep"]["steps"].tolist() == [7, 8, 9]
+    assert "critic.deep.steps: (3,)" in repr(batch)
+    with pytest.raises(BatchSizeError, match=r"'critic\.values' has 2 rows"):
+        RolloutBatch({"ids": torch.zeros(3), "critic": {"values": torch.zeros(2)}})
+    with pytest.raises(BatchTypeError, match=r"batch\['critic\.name'\] must be a torch.Tensor"):
+        RolloutBatch({"critic": {"name": "x"}})
+
+
+def test_operations_walk_nested_mappings() -> None:
+    batch = nested_batch()
+    batch.reorder([2, 0, 1])
+    assert batch.batch["critic"]["deep"]["steps"].tolist() == [9, 7, 8]
+    twice = RolloutBatch.concat([batch, batch])
+    assert twice.batch["critic"]["values"][:, 0].tolist() == [4.0, 0.0, 2.0, 4.0, 0.0, 2.0]
+    assert batch.repeat(2).batch["critic"]["deep"]["steps"].tolist() == [9, 9, 7, 7, 8, 8]
+    copied = batch.select(deepcopy=True)
+    assert copied.batch["critic"]["values"] is not batch.batch["critic"]["values"]
+    assert torch.equal(copied.batch["critic"]["values"], batch.batch["critic"]["values"])
+    flat = RolloutBatch(
+        {"ids": torch.zeros(3, 1), "critic": torch.zeros(3)}, {"uid": ["a", "b", "c"]}
+    )
+    with pytest.raises(BatchKeyError, match="critic"):
+        RolloutBatch.concat([batch, flat])
+
+
+def test_nested_batch_pickles_for_weights_only() -> None:
+    batch = nested_batch()
+    buffer = io.BytesIO()
+    torch.save(batch, buffer)
+    buffer.seek(0)
+    with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+        loaded = torch.load(buffer, weights_only=True)
+    assert torch.equal(loaded.batch["critic"]["deep"]["steps"], torch.tensor([7, 8, 9]))
+    assert torch.equal(loaded.batch["critic"]["values"], torch.arange(6.0).reshape(3, 2))
+
+
+def test_from_dataproto_takes_anything_shaped_like_one() -> None:
+    class Nested:
+        def __init__(self, items: dict[str, Any]) -> None:
+            self._items = items
+
+        def items(self) -> Any:
+            return self._items.items()
+
+    proto = types.SimpleNamespace(
+        batch=Nested({"x": torch.ones(2), "n": Nested({"y": torch.zeros(2, 3)})}),
+        non_tensor_batch={"uid": np.array(["a", "b"], dtype=object)},
+        meta_info={"k": 1},
+    )
+    batch = RolloutBatch.from_dataproto(proto)
+    assert batch.batch["n"]["y"] is proto.batch._items["n"]._items["y"]
+    assert batch.non_tensor_batch["uid"] is proto.non_tensor_batch["uid"] and batch.meta_info == {
+        "k": 1
+    }
+    assert (
+        len(
+            RolloutBatch.from_dataproto(
+                types.SimpleNamespace(batch=None, non_tensor_batch={}, meta_info={})
+            )
+        )
+        == 0
+    )

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import io
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -86,17 +88,22 @@ def test_weights_only_load_fails_without_allow_list() -> None:
         torch.load(buf, weights_only=True)
 
 
-def test_safe_globals_lists_our_classes_and_numpy_reconstructors() -> None:
-    names = {getattr(g, "__qualname__", repr(g)) for g in SAFE_GLOBALS}
+def test_safe_globals_lists_our_classes_and_stand_ins_under_numpy_names() -> None:
+    names = {g[1] if isinstance(g, tuple) else g.__qualname__ for g in SAFE_GLOBALS}
     assert {
         "RolloutSample",
         "ValidateMetrics",
         "RolloutBatch",
-        "ndarray",
-        "dtype",
-        "_reconstruct",
+        "numpy.ndarray",
+        "numpy.dtype",
+        "numpy._core.multiarray._reconstruct",
+        "numpy.core.multiarray._reconstruct",
+        "numpy._core.multiarray.scalar",
     } <= names
-    assert type(np.dtype(object)) in SAFE_GLOBALS
+    # numpy's own reconstructors take a dtype's flags from the file (#32): never allow-listed.
+    targets = [g[0] if isinstance(g, tuple) else g for g in SAFE_GLOBALS]
+    numpy_own = [np.empty(0).__reduce__()[0], np.float64(0).__reduce__()[0], np.ndarray, np.dtype]
+    assert not any(t is own for t in targets for own in numpy_own)
 
 
 def test_sample_defaults_allow_verl_091_keyword_construction() -> None:
@@ -119,3 +126,34 @@ def test_sample_equality_is_deep_and_array_aware() -> None:
     assert ValidateMetrics(timing_raw={"t": torch.tensor(1.0)}) == ValidateMetrics(
         timing_raw={"t": torch.tensor(1.0)}
     )
+
+
+SURVIVES_SAFE_GLOBALS = """
+import io, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from rollout.test_serialization import make_sample
+from trajtrack.reader import allow_in_this_process
+from trajtrack.rollout import SAFE_GLOBALS
+
+buffer = io.BytesIO()
+torch.save(make_sample(), buffer)
+allow_in_this_process()
+with torch.serialization.safe_globals(list(SAFE_GLOBALS)):  # docs/rollout.md's recipe
+    pass
+torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)  # still allowed after the block
+print("loaded")
+"""
+
+
+def test_allow_in_this_process_survives_a_safe_globals_block(tmp_path: Path) -> None:
+    """#33 item 7: the block removed what allow_in_this_process() had added (the same entries)."""
+    tests = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", SURVIVES_SAFE_GLOBALS, str(tests)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0 and "loaded" in done.stdout, done.stderr[-2000:]

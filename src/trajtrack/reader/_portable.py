@@ -45,7 +45,12 @@ _MAPPINGS: dict[str, type[dict[Any, Any]]] = {
     "OrderedDict": collections.OrderedDict,
     "Counter": collections.Counter,
 }
-_GLOBALS: dict[str, Any] = {f"{g.__module__}.{g.__qualname__}": g for g in SAFE_GLOBALS}
+_GLOBALS: dict[str, Any] = {
+    g[1] if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}": (
+        g[0] if isinstance(g, tuple) else g
+    )
+    for g in SAFE_GLOBALS
+}
 _GLOBAL_NAMES: dict[int, str] = {id(g): name for name, g in _GLOBALS.items()}
 
 

@@ -4,7 +4,9 @@ A dump directory is untrusted input: unpickling runs whatever code the pickle na
 with PyTorch's restricted unpickler, which only builds tensors, containers, scalars and the
 globals allow-listed for it, and nothing here touches torch's internals. trajtrack's own
 allow-list (:func:`allowed_globals`: the rollout layer's :data:`trajtrack.rollout.SAFE_GLOBALS`
-— ``RolloutSample``, ``RolloutBatch``, ``ValidateMetrics`` and the numpy types they need — plus
+— ``RolloutSample``, ``RolloutBatch``, ``ValidateMetrics`` and stand-ins for the numpy types they
+need — the stand-ins under verl's and tensordict's names (:mod:`trajtrack.reader._standins`,
+whose :func:`~trajtrack.reader._standins.finish` runs after each torch load), plus
 ``OrderedDict`` and ``Counter``) is never added to the caller's process-wide list behind its back:
 
 1. Every load first runs ``torch.load(weights_only=True)`` with the process's own allow-list
@@ -40,6 +42,7 @@ import torch
 
 from trajtrack._exceptions import DumpLoadError, UnsafeLoadError
 from trajtrack.reader._fast_load import DECLINED, fast_load, only_default_globals
+from trajtrack.reader._standins import finish
 
 __all__ = [
     "allow_in_this_process",
@@ -63,28 +66,21 @@ _SPARSE_CHECK_LOCK = threading.Lock()
 # What opening a file raises; torch raises other OSErrors (EINVAL...) on a truncated archive.
 _CANNOT_OPEN = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
-#: Globals whose own unpickling is not restricted: allow-listing them defeats weights-only.
-_UNRESTRICTED = {
-    "verl.protocol.DataProto": (
-        "verl's DataProto cannot be loaded safely: its __setstate__ calls "
-        "torch.load(weights_only=False) on the TensorDict inside, so allow-listing it would make "
-        "the whole load unrestricted. Dump the batch as a trajtrack.rollout.RolloutBatch instead: "
-        "RolloutBatch(batch=dict(proto.batch.items()), non_tensor_batch=proto.non_tensor_batch, "
-        "meta_info=proto.meta_info)"
-    ),
-}
-
 
 @lru_cache(maxsize=1)
 def allowed_globals() -> tuple[Any, ...]:
     """The globals trajtrack allow-lists on top of PyTorch's own weights-only set."""
     extra: list[Any] = [collections.OrderedDict, collections.Counter]
+    # verl's DataProto and RolloutSample, tensordict's reductions, numpy's reconstructors:
+    # trajtrack's stand-ins under those names, which read them as data (finish() after a load).
+    from trajtrack.reader._standins import STANDIN_GLOBALS
+
     try:
         from trajtrack.rollout import SAFE_GLOBALS
     except ImportError:  # pragma: no cover - the rollout layer ships with trajtrack
         logger.debug("trajtrack.rollout is not importable; loading without its allow-list")
-        return tuple(extra)
-    return (*SAFE_GLOBALS, *extra)
+        return (*STANDIN_GLOBALS, *extra)
+    return tuple(dict.fromkeys((*SAFE_GLOBALS, *STANDIN_GLOBALS, *extra)))
 
 
 @lru_cache(maxsize=1)
@@ -99,8 +95,37 @@ def allow_in_this_process() -> None:
     other — accepts trajtrack's rollout records and the numpy types they need, and trajtrack
     loads them in the process (in parallel threads) instead of in its load worker. The
     ``trajtrack`` command calls it when it starts. Calling it again changes nothing.
+
+    It survives ``torch.serialization.safe_globals(...)`` blocks entered and left afterwards,
+    even with the same globals (``safe_globals(list(SAFE_GLOBALS))``): such a block removes
+    on exit the entries it added, which compare equal to their own values, never to the
+    entries added here (:class:`_ProcessEntry`).
     """
-    torch.serialization.add_safe_globals(list(allowed_globals()))
+    torch.serialization.add_safe_globals(list(_process_entries()))
+
+
+class _ProcessEntry(tuple[Any, str]):
+    """A ``(global, "module.Name")`` allow-list pair equal only to itself.
+
+    torch keeps its allow-list as a set and ``safe_globals`` removes what it added by equality;
+    a plain entry for the same global would be equal to trajtrack's and removed with it.
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+@lru_cache(maxsize=1)
+def _process_entries() -> tuple[_ProcessEntry, ...]:
+    return tuple(_ProcessEntry((_target(g), _name(g))) for g in allowed_globals())
 
 
 def load_dump_bytes(data: bytes, *, unsafe: bool = False, where: str = "dump") -> Any:
@@ -215,6 +240,8 @@ def _safe_load(source: bytes | str, where: str) -> Any:
         refusal = exc
     except _CANNOT_OPEN:
         raise  # the file could not be opened: the caller's error, not the dump's
+    except (UnsafeLoadError, DumpLoadError) as exc:  # a stand-in refused its data (finish)
+        raise type(exc)(f"{where}: {exc}") from exc
     except Exception as exc:  # RuntimeError, EOFError, OSError(EINVAL)... on bad bytes
         raise DumpLoadError(f"{where}: cannot be loaded: {first_line(exc)}") from exc
     needed = refused_globals(_file(source), str(refusal))
@@ -242,13 +269,14 @@ def restricted_load(source: Any) -> Any:
             return loaded
     file = _file(source) if isinstance(source, bytes) else source
     if not sparse_checks_enabled():
-        return torch.load(file, map_location="cpu", weights_only=True, mmap=False)
+        return finish(torch.load(file, map_location="cpu", weights_only=True, mmap=False))
     with _SPARSE_CHECK_LOCK:
         try:
-            return torch.load(file, map_location="cpu", weights_only=True, mmap=False)
+            loaded = torch.load(file, map_location="cpu", weights_only=True, mmap=False)
         except BaseException:
             _empty_sparse_validation_list()
             raise
+    return finish(loaded)
 
 
 def _empty_sparse_validation_list() -> None:
@@ -318,7 +346,7 @@ def _refusal(where: str, offending: list[str]) -> str:
         "on trajtrack's allow-list (a pickle can run arbitrary code); load it with "
         "unsafe=True / --unsafe only if you trust its source"
     )
-    advice = [_UNRESTRICTED[name] for name in offending if name in _UNRESTRICTED]
+    advice = []
     if any(name in process_wide for name in offending):
         advice.append(
             "this process allows some of them, but a dump that also needs trajtrack's "
@@ -330,6 +358,10 @@ def _refusal(where: str, offending: list[str]) -> str:
 
 def _file(source: bytes | str) -> Any:
     return io.BytesIO(source) if isinstance(source, bytes) else source
+
+
+def _target(value: Any) -> Any:
+    return value[0] if isinstance(value, tuple) else value
 
 
 def _name(value: Any) -> str:

@@ -2,23 +2,27 @@
 
 :class:`RolloutBatch` keeps the three parts of a ``DataProto`` — tensors sharing a leading
 batch dimension, per-row non-tensor values as numpy arrays, and a free-form ``meta_info``
-dict — with plain dicts instead of a ``TensorDict``, so it has no dependency beyond torch
-and numpy and pickles as plain dicts, tensors and arrays (loadable with
-``torch.load(..., weights_only=True)`` once :data:`trajtrack.rollout.SAFE_GLOBALS` is
-allow-listed).
+dict — with plain dicts instead of a ``TensorDict`` (a nested TensorDict is a nested dict of
+tensors), so it has no dependency beyond torch and numpy and pickles as plain dicts, tensors
+and arrays (loadable with ``torch.load(..., weights_only=True)`` once
+:data:`trajtrack.rollout.SAFE_GLOBALS` is allow-listed). trajtrack's reader returns a dumped
+``DataProto`` as one; :meth:`RolloutBatch.from_dataproto` and
+:meth:`RolloutBatch.to_dataproto` convert in memory.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from ._batch_ops import concat_parts, repeat_parts, subset
+from trajtrack._exceptions import MissingDependencyError
+
+from ._batch_ops import concat_parts, map_tensors, repeat_parts, subset
 from ._equality import values_equal
 from ._errors import BatchConflictError, BatchSizeError, BatchTypeError
 
@@ -28,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 # Bumped when the pickled layout of RolloutBatch changes; __setstate__ checks it.
 _STATE_VERSION = 1
+# Nested TensorDicts inside nested TensorDicts: a bound for the recursive checks.
+_MAX_NESTING = 64
 
 
 def to_object_array(values: Iterable[Any]) -> np.ndarray[Any, np.dtype[Any]]:
@@ -54,29 +60,30 @@ class RolloutBatch:
     The dicts are copied on construction (the tensors and arrays in them are not).
 
     Args:
-        batch: Tensors keyed by name; each has the batch size as its first dimension.
+        batch: Tensors keyed by name; each has the batch size as its first dimension. A value
+            may also be a mapping of the same kind (a nested ``TensorDict``).
         non_tensor_batch: Per-row values keyed by name: numpy arrays (usually 1-D
             ``dtype=object``), or lists/tuples, which become 1-D object arrays.
         meta_info: Metadata about the whole batch (not per row).
 
     Attributes:
-        batch: Tensors keyed by name.
+        batch: Tensors (and nested mappings of tensors) keyed by name.
         non_tensor_batch: Numpy arrays keyed by name, one element per row.
         meta_info: Metadata about the whole batch.
 
     Raises:
         BatchSizeError: A tensor or array does not have the batch size as its first dimension.
-        BatchTypeError: A value is not a tensor (in ``batch``) or an array, list or tuple (in
-            ``non_tensor_batch``).
+        BatchTypeError: A value is not a tensor or a mapping of tensors (in ``batch``) or an
+            array, list or tuple (in ``non_tensor_batch``).
     """
 
-    batch: dict[str, torch.Tensor]
+    batch: dict[str, Any]
     non_tensor_batch: dict[str, np.ndarray[Any, Any]]
     meta_info: dict[str, Any]
 
     def __init__(
         self,
-        batch: Mapping[str, torch.Tensor] | None = None,
+        batch: Mapping[str, Any] | None = None,
         non_tensor_batch: Mapping[str, np.ndarray[Any, Any] | Sequence[Any]] | None = None,
         meta_info: Mapping[str, Any] | None = None,
     ) -> None:
@@ -139,6 +146,54 @@ class RolloutBatch:
         """
         return cls(tensors, non_tensors, meta_info)
 
+    @classmethod
+    def from_dataproto(cls, proto: Any) -> RolloutBatch:
+        """The same data as verl's ``DataProto`` *proto*, without verl or tensordict.
+
+        The TensorDict's tensors are shared, not copied; a nested TensorDict becomes a nested
+        dict; ``non_tensor_batch`` and ``meta_info`` are shallow copies.
+
+        Args:
+            proto: A ``verl.protocol.DataProto`` (or anything with its ``batch``,
+                ``non_tensor_batch`` and ``meta_info``).
+
+        Returns:
+            A new batch.
+
+        Raises:
+            BatchTypeError: The TensorDict holds a value that is neither a tensor nor a
+                TensorDict (e.g. non-tensor data).
+            BatchSizeError: As for the constructor.
+        """
+        batch = {} if proto.batch is None else _from_tensordict(proto.batch, 0)
+        return cls(batch, dict(proto.non_tensor_batch or {}), dict(proto.meta_info or {}))
+
+    def to_dataproto(self) -> Any:
+        """The same data as a verl ``DataProto`` (verl and tensordict imported now).
+
+        Nested dicts become nested TensorDicts with the batch dimension; tensors are shared.
+        A batch without tensors gives a ``DataProto`` whose ``batch`` is ``None``.
+
+        Returns:
+            A ``verl.protocol.DataProto``.
+
+        Raises:
+            MissingDependencyError: verl or tensordict is not installed.
+        """
+        try:
+            from tensordict import TensorDict
+            from verl.protocol import DataProto
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"RolloutBatch.to_dataproto needs verl and tensordict: {exc}"
+            ) from exc
+        batch = TensorDict(self.batch, batch_size=[len(self)]) if self.batch else None
+        return DataProto(
+            batch=batch,
+            non_tensor_batch=dict(self.non_tensor_batch),
+            meta_info=dict(self.meta_info),
+        )
+
     # -- invariants -----------------------------------------------------------------------
 
     def check_consistency(self) -> None:
@@ -149,17 +204,13 @@ class RolloutBatch:
             BatchTypeError: A value in :attr:`batch` is not a tensor.
         """
         expected: tuple[str, int] | None = None
-        for key, tensor in self.batch.items():
-            if not isinstance(tensor, torch.Tensor):
-                raise BatchTypeError(
-                    f"batch[{key!r}] must be a torch.Tensor, got {type(tensor).__name__}"
-                )
+        for key, tensor in _leaves(self.batch):
             expected = _check_rows(key, _leading_dim(key, tensor.shape), expected)
         for key, array in self.non_tensor_batch.items():
             expected = _check_rows(key, _leading_dim(key, array.shape), expected)
 
     def __len__(self) -> int:
-        for tensor in self.batch.values():
+        for _, tensor in _leaves(self.batch):
             return int(tensor.shape[0])
         for array in self.non_tensor_batch.values():
             return int(array.shape[0])
@@ -177,7 +228,7 @@ class RolloutBatch:
     __hash__ = None  # type: ignore[assignment]  # mutable container, like dict
 
     def __repr__(self) -> str:
-        tensors = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self.batch.items())
+        tensors = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in _leaves(self.batch))
         arrays = ", ".join(self.non_tensor_batch)
         return (
             f"RolloutBatch(len={len(self)}, batch={{{tensors}}}, "
@@ -265,7 +316,7 @@ class RolloutBatch:
         arrays = subset("non_tensor_batch", self.non_tensor_batch, non_tensor_batch_keys)
         meta = subset("meta_info", self.meta_info, meta_info_keys)
         if deepcopy:
-            tensors = {k: v.clone() for k, v in tensors.items()}
+            tensors = map_tensors(torch.Tensor.clone, tensors)
             arrays = copy.deepcopy(arrays)
             meta = copy.deepcopy(meta)
         return type(self)(tensors, arrays, meta)
@@ -329,11 +380,39 @@ class RolloutBatch:
         """
         index = torch.as_tensor(indices, dtype=torch.long)
         np_index = index.cpu().numpy()
-        self.batch = {k: v[index.to(v.device)] for k, v in self.batch.items()}
+        self.batch = map_tensors(lambda v: v[index.to(v.device)], self.batch)
         self.non_tensor_batch = {k: v[np_index] for k, v in self.non_tensor_batch.items()}
 
     def _has_rows(self) -> bool:
         return bool(self.batch or self.non_tensor_batch)
+
+
+def _leaves(
+    batch: Mapping[str, Any], prefix: str = "", depth: int = 0
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(key path, tensor)`` for every tensor of *batch*, nested mappings included."""
+    if depth > _MAX_NESTING:
+        raise BatchTypeError(f"batch[{prefix!r}] nests mappings more than {_MAX_NESTING} deep")
+    for key, value in batch.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, torch.Tensor):
+            yield path, value
+        elif isinstance(value, Mapping):
+            yield from _leaves(value, path, depth + 1)
+        else:
+            raise BatchTypeError(
+                f"batch[{path!r}] must be a torch.Tensor or a mapping of them, "
+                f"got {type(value).__name__}"
+            )
+
+
+def _from_tensordict(tensordict: Any, depth: int) -> dict[str, Any]:
+    if depth > _MAX_NESTING:
+        raise BatchTypeError(f"TensorDicts nested more than {_MAX_NESTING} deep")
+    return {
+        key: value if isinstance(value, torch.Tensor) else _from_tensordict(value, depth + 1)
+        for key, value in tensordict.items()
+    }
 
 
 def _as_row_array(key: str, value: Any) -> np.ndarray[Any, Any]:

@@ -9,7 +9,7 @@ the class reads as the container it is.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -67,10 +67,10 @@ def repeat_parts(
     if isinstance(repeat_times, bool) or not isinstance(repeat_times, int) or repeat_times < 1:
         raise ValueError(f"repeat_times must be a positive integer, got {repeat_times!r}")
     if interleave:
-        tensors = {k: v.repeat_interleave(repeat_times, dim=0) for k, v in batch.items()}
+        tensors = map_tensors(lambda v: v.repeat_interleave(repeat_times, dim=0), batch)
         arrays = {k: np.repeat(v, repeat_times, axis=0) for k, v in non_tensor_batch.items()}
     else:
-        tensors = {k: v.repeat(repeat_times, *([1] * (v.dim() - 1))) for k, v in batch.items()}
+        tensors = map_tensors(lambda v: v.repeat(repeat_times, *([1] * (v.dim() - 1))), batch)
         arrays = {
             k: np.tile(v, (repeat_times,) + (1,) * (v.ndim - 1))
             for k, v in non_tensor_batch.items()
@@ -87,9 +87,22 @@ def _check_same_keys(part: str, first: Iterable[str], other: Iterable[str], inde
         )
 
 
-def _cat_tensors(key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Mapping[str, Any]) -> Any:
+    """*batch* with *fn* applied to every tensor; nested mappings (nested TensorDicts) kept."""
+    return {k: map_tensors(fn, v) if isinstance(v, Mapping) else fn(v) for k, v in batch.items()}
+
+
+def _cat_tensors(key: str, tensors: list[Any]) -> Any:
+    if isinstance(tensors[0], Mapping):  # a nested TensorDict: its tensors, key by key
+        for index, item in enumerate(tensors):
+            if not isinstance(item, Mapping):
+                raise BatchKeyError(f"cannot concat {key!r}: batch {index} has a tensor there")
+            _check_same_keys(f"batch[{key!r}]", tensors[0].keys(), item.keys(), index)
+        return {k: _cat_tensors(f"{key}.{k}", [t[k] for t in tensors]) for k in tensors[0]}
     tail = tuple(tensors[0].shape[1:])
     for index, tensor in enumerate(tensors):
+        if not isinstance(tensor, torch.Tensor):
+            raise BatchKeyError(f"cannot concat {key!r}: batch {index} has a mapping there")
         if tuple(tensor.shape[1:]) != tail:
             raise BatchSizeError(
                 f"cannot concat {key!r}: batch {index} has shape {tuple(tensor.shape)}, "
