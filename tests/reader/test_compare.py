@@ -33,7 +33,10 @@ def test_paths_name_the_place() -> None:
 
 
 def test_type_mismatch_and_numbers() -> None:
-    assert kinds([1], (1,)) == [("", "type")]
+    # Another container holding the same items is a note, not a difference (issue 33).
+    assert kinds([1], (1,)) == []
+    assert compare([1], (1,)).notes == ("list vs tuple at <root>: compared by content",)
+    assert kinds([1], "1") == [("", "type")]
     assert kinds(1, 1.0) == []
     assert kinds(1.0, 1.05, atol=0.1) == []
     assert kinds(1.0, 1.05) == [("", "value")]
@@ -48,7 +51,9 @@ def test_numpy_arrays() -> None:
     b = np.array(["x", {"k": 2}], dtype=object)
     assert kinds(a, b) == [("[1]['k']", "value")]
     (d,) = compare(np.arange(6).reshape(2, 3), np.array([[0, 1, 2], [3, 9, 5]]))
-    assert d.index == (1, 1) and d.max_abs == 5.0 and d.mismatched == 1
+    # Integers are compared as integers: count and first position, no magnitude (issue 35).
+    assert d.index == (1, 1) and d.max_abs is None and d.max_rel is None and d.mismatched == 1
+    assert d.detail == "1 of 6 elements differ" and d.rows == (1,)
 
 
 def test_tensor_statistics_and_first_index() -> None:

@@ -15,7 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from trajtrack.reader._compare import _batch_like, _is_mapping, _is_number
+from trajtrack.reader._kinds import (
+    batch_like as _batch_like,
+    is_mapping as _is_mapping,
+    is_number as _is_number,
+)
 
 __all__ = [
     "MISSING",
