@@ -211,11 +211,12 @@ def test_malicious_dump_is_refused_and_never_executed(
     assert not marker.exists()
 
 
-def test_malicious_dump_in_both_runs_is_refused_without_loading(
+def test_malicious_dump_in_both_runs_is_equal_without_loading(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Byte-identical pairs are not loaded (nothing to compare), but the static scan of their
-    # pickle still refuses a dump the loader would refuse.
+    # Byte-identical pairs are not loaded (nothing to compare): equal, even when a safe load
+    # would refuse them (issue 33: errors are not divergences, and equal bytes need no
+    # loading); the static scan's refusal is a note, and nothing runs.
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     marker = tmp_path / "pwned"
     write_run(a, {"x": {"payload": WritesMarker(str(marker))}, "fine": {"v": torch.ones(2)}})
@@ -227,8 +228,9 @@ def test_malicious_dump_in_both_runs_is_refused_without_loading(
         else:
             target.write_bytes(path.read_bytes())
     code, out, _ = run_cli(capsys, "diff", a, b)
-    assert code == 2
-    assert "ERROR      x" in out
+    assert code == 0
+    assert "2 dumps: 2 equal, 0 different" in out
+    assert "note: equal bytes, compared without loading (a safe load refuses it" in out
     assert "refusing to load" in out
     assert not marker.exists()
 

@@ -14,8 +14,10 @@ training (``diff --ignore-volatile``), never applied unless asked for.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterable
+
+from trajtrack._exceptions import ConfigurationError
 
 __all__ = ["VOLATILE", "compile_ignore"]
 
@@ -33,9 +35,16 @@ VOLATILE: tuple[str, ...] = (
 (which depend on wall time and on the order in which samples completed, not on the data)."""
 
 
-def compile_ignore(patterns: Iterable[str]) -> re.Pattern[str] | None:
+@functools.lru_cache(maxsize=64)
+def compile_ignore(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
     """One regular expression matching a key path that any of *patterns* matches whole, or
-    ``None`` for no patterns."""
+    ``None`` for no patterns (cached: a diff compiles its patterns once, not per pair).
+
+    Raises:
+        ConfigurationError: A pattern is empty.
+    """
+    if any(not p for p in patterns):
+        raise ConfigurationError("an ignore pattern must not be empty")
     parts = [_translate(p) for p in patterns]
     if not parts:
         return None
