@@ -245,15 +245,8 @@ def _difference_line(d: Difference) -> str:
 
 
 def _rows_text(d: Difference) -> str:
-    """``; rows 1 (uid u1), 5 (uid u5)``: the first rows that differ, with their ids."""
+    """``; 2 rows differ: 1 (uid u1), 5 (uid u5)``: the first rows, with their ids."""
     if not d.rows:
         return ""
-    ids = d.row_ids or ()
-    shown = [
-        f"{row} ({d.id_column} {ids[i]})" if i < len(ids) else str(row)
-        for i, row in enumerate(d.rows[:_ROWS_SHOWN])
-    ]
-    more = len(d.rows) - len(shown)
-    tail = f" and {more} more (--json lists all)" if more > 0 else ""
-    word = "row" if len(d.rows) == 1 else "rows"
-    return f"; {len(d.rows)} {word} differ: {', '.join(shown)}{tail}"
+    word = "row differs" if len(d.rows) == 1 else "rows differ"
+    return f"; {len(d.rows)} {word}: {d.rows_text(_ROWS_SHOWN)}"

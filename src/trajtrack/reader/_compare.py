@@ -121,6 +121,17 @@ class Difference:
     id_column: str | None = None
     row_ids: tuple[str, ...] | None = None
 
+    def rows_text(self, limit: int) -> str:
+        """The first *limit* differing rows, each with its id where there is one
+        (``"1 (uid u1), 5 (uid u5) and 3 more (--json lists all)"``); ``""`` for none."""
+        rows, ids = self.rows or (), self.row_ids or ()
+        shown = [
+            f"{row} ({self.id_column} {ids[i]})" if i < len(ids) else str(row)
+            for i, row in enumerate(rows[:limit])
+        ]
+        more = len(rows) - len(shown)
+        return ", ".join(shown) + (f" and {more} more (--json lists all)" if more > 0 else "")
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-serializable dict (non-finite floats become strings)."""
         out = dataclasses.asdict(self)
