@@ -19,6 +19,7 @@ from trajtrack.reader._kinds import (
     batch_like as _batch_like,
     is_mapping as _is_mapping,
     is_number as _is_number,
+    within_budget,
 )
 
 __all__ = [
@@ -166,6 +167,8 @@ def _flat(value: Any, step: int) -> np.ndarray[Any, Any] | None:
     if isinstance(value, np.ndarray):
         return value.reshape(-1)[::step]
     tensor = value.detach().cpu()
+    if not within_budget(tensor):  # an expanded view of a small storage: not materialized
+        return None
     try:
         if tensor.layout != torch.strided:
             tensor = tensor.to_dense()
