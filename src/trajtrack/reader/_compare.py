@@ -234,9 +234,10 @@ class _Walker:
         if self.ignore is not None and path and self.ignore.fullmatch(path):
             self.ignored.append(path)
         elif depth > MAX_DEPTH:
+            where = path if len(path) <= 80 else f"{path[:77]}..."
             raise DumpLoadError(
-                f"{path}: nested deeper than {MAX_DEPTH} levels; not compared (every walk over "
-                "a loaded dump is bounded)"
+                f"{where}: nested deeper than {MAX_DEPTH} levels; not compared (every walk "
+                "over a loaded dump is bounded)"
             )
         elif isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
             self._tensors(a, b, path)
