@@ -229,10 +229,10 @@ class _Walker:
                 raise
 
     def _walk(self, a: Any, b: Any, path: str, depth: int) -> None:
-        if a is b and not isinstance(a, (float, torch.Tensor, np.ndarray)):
-            return
         if self.ignore is not None and path and self.ignore.fullmatch(path):
-            self.ignored.append(path)
+            self.ignored.append(path)  # before the identity check: listed whatever the values
+        elif a is b and not isinstance(a, (float, torch.Tensor, np.ndarray)):
+            return
         elif depth > MAX_DEPTH:
             where = path if len(path) <= 80 else f"{path[:77]}..."
             raise DumpLoadError(
