@@ -149,9 +149,8 @@ def test_a_tensordict_and_a_dict_with_the_same_data_are_equal_with_a_note() -> N
     plain = {"x": torch.arange(4.0), "n": {"y": torch.ones(2)}}
     found = compare(td, plain)
     assert found == []
-    assert found.notes == (
-        "TensorDict vs dict at <root> (and 1 more places): compared by content",
-    )
+    notes = ("TensorDict vs dict at <root> (and 1 more place): compared by content",)
+    assert found.notes == notes
     plain["n"]["y"] = torch.zeros(2)  # a real difference is still found inside
     assert [(d.path, d.kind) for d in compare(td, plain)] == [("['n']['y']", "value")]
 

@@ -209,7 +209,7 @@ class _Walker:
         out = Differences(self.found)
         out.notes = tuple(
             f"{ta} vs {tb} at {where or '<root>'}"
-            + (f" (and {n - 1} more places)" if n > 1 else "")
+            + (f" (and {n - 1} more {'place' if n == 2 else 'places'})" if n > 1 else "")
             + ": compared by content"
             for (ta, tb), (where, n) in self.notes.items()
         )

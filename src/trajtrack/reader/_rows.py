@@ -70,6 +70,7 @@ def row_ids(
 
 
 def _candidates(parent: Any) -> list[tuple[str, Any]]:
+    sources: list[Any]
     if batch_like(parent):
         sources = [getattr(parent, "non_tensor_batch", None), getattr(parent, "batch", None)]
     elif is_mapping(parent):
