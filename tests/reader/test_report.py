@@ -334,3 +334,14 @@ def test_many_differing_dumps_are_drawn_as_one_path(monkeypatch: pytest.MonkeyPa
         "max abs |a-b|",
         "max rel |a-b|/|b|",
     ]
+
+
+def test_ignored_keys_notes_and_rows_are_in_the_report(ab: tuple[str, str], tmp_path: Path) -> None:
+    a, b = ab
+    write_run(a, {"s": {"timing_s": 1.0, "x": torch.zeros(3, 2), "uid": ["p", "q", "r"]}})
+    write_run(b, {"s": {"timing_s": 2.0, "x": torch.eye(3, 2), "uid": ["p", "q", "r"]}})
+    code, _, _ = diff(a, b, "--ignore", "*timing*", "--html", str(tmp_path / "r.html"))
+    assert code == 1
+    page = (tmp_path / "r.html").read_text()
+    assert '<span id="ignored"><code>*timing*</code>: 1 keys</span>' in page
+    assert '<td class="mono rows">0 (uid p), 1 (uid q)</td>' in page
