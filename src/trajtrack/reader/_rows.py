@@ -39,11 +39,17 @@ def differing_rows(
         return None
     x2, y2 = x.reshape(shape[0], -1), y.reshape(shape[0], -1)
     with np.errstate(all="ignore"):
-        if x.dtype.kind in "fc" or rtol or atol:
+        if rtol or atol:
             outside = ~np.isclose(x2, y2, rtol=rtol, atol=atol, equal_nan=equal_nan)
-        else:  # integers and booleans at zero tolerance: exactly, never through floats
-            outside = x2 != y2
-    return tuple(int(i) for i in np.flatnonzero(outside.any(axis=1)))
+            return tuple(int(i) for i in np.flatnonzero(outside.any(axis=1)))
+        # Zero tolerance (the default): a != b, one pass, integers never through floats; NaN
+        # against NaN is then looked at in the rows that hold a difference only.
+        outside = x2 != y2
+        rows = np.flatnonzero(outside.any(axis=1))
+        if equal_nan and x.dtype.kind in "fc" and rows.size:
+            both_nan = np.isnan(x2[rows]) & np.isnan(y2[rows])
+            rows = rows[(outside[rows] & ~both_nan).any(axis=1)]
+    return tuple(int(i) for i in rows)
 
 
 def as_numpy(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
