@@ -137,7 +137,16 @@ def _difference(
     if found is None:
         return None
     assert found.values is not None  # own=True: read from the arrays
-    rows = differing_rows(x, y, size, rtol=tol.rtol, atol=tol.atol, equal_nan=tol.equal_nan)
+    rows = differing_rows(
+        x,
+        y,
+        size,
+        rtol=tol.rtol,
+        atol=tol.atol,
+        equal_nan=tol.equal_nan,
+        first=found.first,
+        mismatched=found.mismatched,
+    )
     column, ids = row_ids(parents, rows, size[0]) if rows else (None, None)
     return numeric_difference(
         path, found, size, x.size, *found.values, rows=rows, id_column=column, row_ids=ids

@@ -431,6 +431,8 @@ class _Walker:
             rtol=tol.rtol,
             atol=tol.atol,
             equal_nan=tol.equal_nan,
+            first=found.first,
+            mismatched=found.mismatched,
         )
         column, ids = row_ids(self.parents, rows, shape[0]) if rows else (None, None)
         self.add(

@@ -10,6 +10,7 @@ per row. Both run only for tensors that differ, never on the path of equal ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,24 +33,34 @@ def differing_rows(
     rtol: float,
     atol: float,
     equal_nan: bool,
+    first: int,
+    mismatched: int,
 ) -> tuple[int, ...] | None:
     """The indices along the first dimension of *shape* where flat arrays *x* and *y* (of
-    that shape, row-major) hold an element outside tolerance; ``None`` for a 0-d shape."""
+    that shape, row-major) hold an element outside tolerance; ``None`` for a 0-d shape.
+
+    *first* and *mismatched* are the comparison's own answer (the flat index of the first
+    element outside tolerance, and their count): rows before *first*'s are not looked at, and
+    a single element outside tolerance is its row, without a pass over the arrays.
+    """
     if not shape or not shape[0]:
         return None
-    x2, y2 = x.reshape(shape[0], -1), y.reshape(shape[0], -1)
+    width = max(1, math.prod(shape[1:]))
+    start = first // width
+    if mismatched == 1:
+        return (start,)
+    x2, y2 = x[start * width :].reshape(-1, width), y[start * width :].reshape(-1, width)
     with np.errstate(all="ignore"):
         if rtol or atol:
             outside = ~np.isclose(x2, y2, rtol=rtol, atol=atol, equal_nan=equal_nan)
-            return tuple(int(i) for i in np.flatnonzero(outside.any(axis=1)))
-        # Zero tolerance (the default): a != b, one pass, integers never through floats; NaN
-        # against NaN is then looked at in the rows that hold a difference only.
-        outside = x2 != y2
-        rows = np.flatnonzero(outside.any(axis=1))
-        if equal_nan and x.dtype.kind in "fc" and rows.size:
+        else:  # a != b: one pass, integers never through floats
+            outside = x2 != y2
+        rows = np.flatnonzero(outside if width == 1 else outside.any(axis=1))
+        if equal_nan and not (rtol or atol) and x.dtype.kind in "fc" and rows.size:
+            # NaN != NaN: a row whose only differences are NaN pairs is equal.
             both_nan = np.isnan(x2[rows]) & np.isnan(y2[rows])
-            rows = rows[(outside[rows] & ~both_nan).any(axis=1)]
-    return tuple(int(i) for i in rows)
+            rows = rows[(outside[rows] & ~both_nan).reshape(rows.size, -1).any(axis=1)]
+    return tuple(int(i) + start for i in rows)
 
 
 def as_numpy(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
