@@ -9,11 +9,12 @@
 * :func:`compare_files` -- one pair of local files, compared in place, loaded by torch itself.
 
 Byte-identical pairs are equal without loading only when NaN equals NaN (the default): with
-``equal_nan=False`` a NaN in both makes identical bytes different. So are two ``torch.save``
-archives equal apart from torch's per-save ``.data/serialization_id`` record
-(:mod:`trajtrack.reader._same_archive`). Such a pair is equal even when its content would be
-refused as unsafe: nothing of it is loaded, and the refusal becomes a note, not an error (the
-comparison of bytes does not need it).
+``equal_nan=False`` a NaN in both makes identical bytes different. Such a pair is equal even
+when its content would be refused as unsafe: nothing of it is loaded, and the refusal becomes a
+note, not an error (the comparison of bytes does not need it). So is a pair whose load is
+refused when the two ``torch.save`` archives are equal apart from torch's per-save
+``.data/serialization_id`` record (:mod:`trajtrack.reader._same_archive`; a pair that loads is
+compared as loaded, where that record plays no part: no extra work on the common path).
 
 A pair compared with ``ignore`` patterns is always loaded and walked (the archive route has
 no key paths for what it skips).
@@ -124,10 +125,13 @@ def load_and_compare(
         found = compare_archives(data_a, data_b, tol, limit)
         if found is not None:
             return Differences(found)
-    if tol.equal_nan and same_apart_from_serialization_id(data_a, data_b):
-        return _unloaded(data_a, unsafe, f"A:{name}", _SAME_BUT_ID)
-    obj_a = load_dump_bytes(data_a, unsafe=unsafe, where=f"A:{name}")
-    obj_b = load_dump_bytes(data_b, unsafe=unsafe, where=f"B:{name}")
+    try:
+        obj_a = load_dump_bytes(data_a, unsafe=unsafe, where=f"A:{name}")
+        obj_b = load_dump_bytes(data_b, unsafe=unsafe, where=f"B:{name}")
+    except UnsafeLoadError:
+        if tol.equal_nan and same_apart_from_serialization_id(data_a, data_b):
+            return _unloaded(data_a, unsafe, f"A:{name}", _SAME_BUT_ID)
+        raise
     return compare(obj_a, obj_b, tol, limit=limit, ignore=ignore)
 
 
@@ -144,10 +148,13 @@ def compare_files(
     path_a, path_b = inside_run(file_a, f"A:{name}"), inside_run(file_b, f"B:{name}")
     if tol.equal_nan and same_contents(path_a, path_b):
         return _unloaded(path_a, unsafe, f"A:{name}")
-    if tol.equal_nan and same_apart_from_serialization_id(path_a, path_b):
-        return _unloaded(path_a, unsafe, f"A:{name}", _SAME_BUT_ID)
-    obj_a = load_dump_file(path_a, unsafe=unsafe, where=f"A:{name}")
-    obj_b = load_dump_file(path_b, unsafe=unsafe, where=f"B:{name}")
+    try:
+        obj_a = load_dump_file(path_a, unsafe=unsafe, where=f"A:{name}")
+        obj_b = load_dump_file(path_b, unsafe=unsafe, where=f"B:{name}")
+    except UnsafeLoadError:
+        if tol.equal_nan and same_apart_from_serialization_id(path_a, path_b):
+            return _unloaded(path_a, unsafe, f"A:{name}", _SAME_BUT_ID)
+        raise
     return compare(obj_a, obj_b, tol, limit=limit, ignore=ignore)
 
 
