@@ -43,6 +43,7 @@ from trajtrack._exceptions import DumpLoadError
 from trajtrack.reader._ignore import compile_ignore
 from trajtrack.reader._kinds import (
     BATCH_PARTS,
+    ELEMENT_BUDGET,
     abbreviate as _abbrev,
     batch_like,
     check_budget,
@@ -62,6 +63,7 @@ MAX_DEPTH = 64
 _MAX_ELEMENTS_WALKED = 10_000  # longer sequences of plain values: the tail compared at once
 _ATOMS = frozenset({int, float, complex, str, bytes, bool, type(None)})
 _NOTES = 20  # distinct container-type notes kept per comparison
+_UNKNOWN: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +252,7 @@ class _Walker:
 
     def _containers(self, a: Any, b: Any, path: str, depth: int) -> None:
         kind = _kind(a)
-        if kind is None or kind != _kind(b):
+        if kind is None or (type(a) is not type(b) and kind != _kind(b)):
             if type(a) is not type(b):
                 detail = f"{_type_name(a)} vs {_type_name(b)}"
                 self.add(Difference(path, "type", detail, a=_abbrev(a), b=_abbrev(b)))
@@ -406,8 +408,9 @@ class _Walker:
         if a.dtype != b.dtype:
             self.add(Difference(path, "dtype", f"dtype {_dtype(a)} vs {_dtype(b)}"))
             return
-        check_budget(a, f"A {path or '<root>'}")
-        check_budget(b, f"B {path or '<root>'}")
+        if a.numel() > ELEMENT_BUDGET:  # (the same shapes: the same count)
+            check_budget(a, f"A {path or '<root>'}")
+            check_budget(b, f"B {path or '<root>'}")
         if a.layout != torch.strided or b.layout != torch.strided:
             a, b = a.to_dense(), b.to_dense()
         integer = not (a.is_floating_point() or a.is_complex())
@@ -451,9 +454,23 @@ class _Walker:
         )
 
 
+_KINDS: dict[type, str | None] = {
+    dict: "mapping",
+    list: "sequence",
+    tuple: "sequence",
+    str: None,
+    bytes: None,
+    bool: None,
+    type(None): None,
+}
+
+
 def _kind(value: Any) -> str | None:
     """How a container is walked: ``mapping``, ``sequence``, ``batch``, ``record``, or
     ``None`` for a plain value (compared with ``==``)."""
+    known = _KINDS.get(type(value), _UNKNOWN)
+    if known is not _UNKNOWN:
+        return known  # type: ignore[return-value]  # the common types, without isinstance
     if isinstance(value, (str, bytes, bool, type(None))):
         return None
     if is_mapping(value):
