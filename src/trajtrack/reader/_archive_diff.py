@@ -39,7 +39,6 @@ from trajtrack.reader._fast_load import (
     unpickled,
 )
 from trajtrack.reader._numeric import fast_flat
-from trajtrack.reader._rows import differing_rows, row_ids
 
 __all__ = ["compare_archives"]
 
@@ -137,19 +136,8 @@ def _difference(
     if found is None:
         return None
     assert found.values is not None  # own=True: read from the arrays
-    rows = differing_rows(
-        x,
-        y,
-        size,
-        rtol=tol.rtol,
-        atol=tol.atol,
-        equal_nan=tol.equal_nan,
-        first=found.first,
-        mismatched=found.mismatched,
-    )
-    column, ids = row_ids(parents, rows, size[0]) if rows else (None, None)
     return numeric_difference(
-        path, found, size, x.size, *found.values, rows=rows, id_column=column, row_ids=ids
+        path, found, size, x.size, *found.values, rows_of=(x, y, tol, parents)
     )
 
 

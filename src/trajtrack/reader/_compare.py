@@ -63,7 +63,6 @@ MAX_DEPTH = 64
 _MAX_ELEMENTS_WALKED = 10_000  # longer sequences of plain values: the tail compared at once
 _ATOMS = frozenset({int, float, complex, str, bytes, bool, type(None)})
 _NOTES = 20  # distinct container-type notes kept per comparison
-_UNKNOWN: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,30 +425,17 @@ class _Walker:
         else:
             first = found.first
             value_a, value_b = a.reshape(-1)[first].item(), b.reshape(-1)[first].item()
-        shape = tuple(a.shape)
-        rows = differing_rows(
-            as_numpy(a).reshape(-1),
-            as_numpy(b).reshape(-1),
-            shape,
-            rtol=tol.rtol,
-            atol=tol.atol,
-            equal_nan=tol.equal_nan,
-            first=found.first,
-            mismatched=found.mismatched,
-        )
-        column, ids = row_ids(self.parents, rows, shape[0]) if rows else (None, None)
+        flat = (as_numpy(a).reshape(-1), as_numpy(b).reshape(-1))
         self.add(
             numeric_difference(
                 path,
                 found,
-                shape,
+                tuple(a.shape),
                 a.numel(),
                 value_a,
                 value_b,
                 integer=integer,
-                rows=rows,
-                id_column=column,
-                row_ids=ids,
+                rows_of=(*flat, tol, self.parents),
             )
         )
 
@@ -468,9 +454,9 @@ _KINDS: dict[type, str | None] = {
 def _kind(value: Any) -> str | None:
     """How a container is walked: ``mapping``, ``sequence``, ``batch``, ``record``, or
     ``None`` for a plain value (compared with ``==``)."""
-    known = _KINDS.get(type(value), _UNKNOWN)
-    if known is not _UNKNOWN:
-        return known  # type: ignore[return-value]  # the common types, without isinstance
+    kind = type(value)
+    if kind in _KINDS:  # the common types, without isinstance
+        return _KINDS[kind]
     if isinstance(value, (str, bytes, bool, type(None))):
         return None
     if is_mapping(value):
@@ -521,14 +507,14 @@ def numeric_difference(
     value_b: Any,
     *,
     integer: bool = False,
-    rows: tuple[int, ...] | None = None,
-    id_column: str | None = None,
-    row_ids: tuple[str, ...] | None = None,
+    rows_of: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], Tolerance, Sequence[Any]]
+    | None = None,
 ) -> Difference:
     """The :class:`Difference` of two tensors (or arrays) of *shape* that *found* says differ,
     *value_a* and *value_b* the elements at its first index; *integer*: integer or boolean
     elements (token ids, counts), reported by count and first position only (a relative
-    difference of ids means nothing); *rows* and their ids as :class:`Difference` has them."""
+    difference of ids means nothing); *rows_of*: ``(flat a, flat b, tolerance, the containers
+    around them)``, to name the differing rows and their ids."""
     max_abs, max_rel = (None, None) if integer else (found.max_abs, found.max_rel)
     detail = f"{found.mismatched} of {numel} elements differ"
     if max_abs is not None:
@@ -536,11 +522,32 @@ def numeric_difference(
         detail += f", max rel {max_rel:.6g})" if max_rel is not None else ")"
     index = _unravel(found.first, shape)
     a, b = _abbrev(value_a), _abbrev(value_b)
+    rows, column, ids = _rows(found, shape, rows_of) if rows_of else (None, None, None)
     # Positional, in field order: keywords double a frozen dataclass's construction.
     return Difference(
         path, "value", detail, max_abs, max_rel, index, found.mismatched, numel, a, b,
-        rows, id_column, row_ids,
+        rows, column, ids,
     )  # fmt: skip
+
+
+def _rows(
+    found: Mismatch,
+    shape: tuple[int, ...],
+    rows_of: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], Tolerance, Sequence[Any]],
+) -> tuple[tuple[int, ...] | None, str | None, tuple[str, ...] | None]:
+    x, y, tol, parents = rows_of
+    rows = differing_rows(
+        x,
+        y,
+        shape,
+        rtol=tol.rtol,
+        atol=tol.atol,
+        equal_nan=tol.equal_nan,
+        first=found.first,
+        mismatched=found.mismatched,
+    )
+    column, ids = row_ids(parents, rows, shape[0]) if rows else (None, None)
+    return rows, column, ids
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -23,7 +23,8 @@ no key paths for what it skips).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from trajtrack._exceptions import TrajtrackError, UnsafeLoadError
 from trajtrack.reader._archive_diff import compare_archives
@@ -125,14 +126,10 @@ def load_and_compare(
         found = compare_archives(data_a, data_b, tol, limit)
         if found is not None:
             return Differences(found)
-    try:
-        obj_a = load_dump_bytes(data_a, unsafe=unsafe, where=f"A:{name}")
-        obj_b = load_dump_bytes(data_b, unsafe=unsafe, where=f"B:{name}")
-    except UnsafeLoadError:
-        if tol.equal_nan and same_apart_from_serialization_id(data_a, data_b):
-            return _unloaded(data_a, unsafe, f"A:{name}", _SAME_BUT_ID)
-        raise
-    return compare(obj_a, obj_b, tol, limit=limit, ignore=ignore)
+    loaded = _load_pair(load_dump_bytes, data_a, data_b, name, tol, unsafe)
+    if isinstance(loaded, Differences):
+        return loaded
+    return compare(*loaded, tol, limit=limit, ignore=ignore)
 
 
 def compare_files(
@@ -148,14 +145,23 @@ def compare_files(
     path_a, path_b = inside_run(file_a, f"A:{name}"), inside_run(file_b, f"B:{name}")
     if tol.equal_nan and same_contents(path_a, path_b):
         return _unloaded(path_a, unsafe, f"A:{name}")
+    loaded = _load_pair(load_dump_file, path_a, path_b, name, tol, unsafe)
+    if isinstance(loaded, Differences):
+        return loaded
+    return compare(*loaded, tol, limit=limit, ignore=ignore)
+
+
+def _load_pair(
+    load: Callable[..., Any], a: Any, b: Any, name: str, tol: Tolerance, unsafe: bool
+) -> tuple[Any, Any] | Differences:
+    """Both dumps loaded, or, when a load is refused and the two archives are equal apart
+    from torch's per-save id, the pair's (equal) answer without loading."""
     try:
-        obj_a = load_dump_file(path_a, unsafe=unsafe, where=f"A:{name}")
-        obj_b = load_dump_file(path_b, unsafe=unsafe, where=f"B:{name}")
+        return load(a, unsafe=unsafe, where=f"A:{name}"), load(b, unsafe=unsafe, where=f"B:{name}")
     except UnsafeLoadError:
-        if tol.equal_nan and same_apart_from_serialization_id(path_a, path_b):
-            return _unloaded(path_a, unsafe, f"A:{name}", _SAME_BUT_ID)
+        if tol.equal_nan and same_apart_from_serialization_id(a, b):
+            return _unloaded(a, unsafe, f"A:{name}", _SAME_BUT_ID)
         raise
-    return compare(obj_a, obj_b, tol, limit=limit, ignore=ignore)
 
 
 _SAME_BUT_ID = "the archives are equal apart from torch's per-save serialization id"
