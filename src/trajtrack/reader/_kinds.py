@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 BATCH_PARTS = ("batch", "non_tensor_batch", "meta_info")
+_PLAIN = frozenset({int, float, complex, bool, type(None), str, bytes})
 _WIDTH = 60
 
 
@@ -101,7 +102,8 @@ def abbreviate(value: Any, width: int = _WIDTH) -> str:
     if isinstance(value, np.ndarray):
         return f"ndarray({value.dtype}, {list(value.shape)})"
     try:
-        text = _REPR.repr(value)
+        # Plain values as repr gives them (bounded by their size), the rest by the bounded repr.
+        text = repr(value) if type(value) in _PLAIN else _REPR.repr(value)
     except Exception:  # a broken __repr__ in a dumped object
         text = f"<{type(value).__name__}>"
     return text if len(text) <= width else text[: width - 3] + "..."

@@ -88,7 +88,9 @@ def row_ids(
 
 def _candidates(parent: Any) -> list[tuple[str, Any]]:
     sources: list[Any]
-    if batch_like(parent):
+    if type(parent) is dict:  # the common case, without the duck-typing checks
+        sources = [parent]
+    elif batch_like(parent):
         sources = [getattr(parent, "non_tensor_batch", None), getattr(parent, "batch", None)]
     elif is_mapping(parent):
         sources = [parent]
@@ -96,7 +98,7 @@ def _candidates(parent: Any) -> list[tuple[str, Any]]:
         return []
     found = []
     for source in sources:
-        if not is_mapping(source):
+        if type(source) is not dict and not is_mapping(source):
             continue
         for column in ID_COLUMNS:
             try:
