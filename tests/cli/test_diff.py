@@ -232,6 +232,9 @@ def test_malicious_dump_in_both_runs_is_equal_without_loading(
     assert "2 dumps: 2 equal, 0 different" in out
     assert "note: equal bytes, compared without loading (a safe load refuses it" in out
     assert "refusing to load" in out
+    code, report = run_json(capsys, "diff", a, b)
+    notes = {d["name"]: d["notes"] for d in report["dumps"]}
+    assert code == 0 and notes["fine"] == [] and "refusing to load" in notes["x"][0]
     assert not marker.exists()
 
 
