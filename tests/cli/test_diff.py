@@ -211,11 +211,12 @@ def test_malicious_dump_is_refused_and_never_executed(
     assert not marker.exists()
 
 
-def test_malicious_dump_in_both_runs_is_refused_without_loading(
+def test_malicious_dump_in_both_runs_is_equal_without_loading(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Byte-identical pairs are not loaded (nothing to compare), but the static scan of their
-    # pickle still refuses a dump the loader would refuse.
+    # Byte-identical pairs are not loaded (nothing to compare): equal, even when a safe load
+    # would refuse them (issue 33: errors are not divergences, and equal bytes need no
+    # loading); the static scan's refusal is a note, and nothing runs.
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     marker = tmp_path / "pwned"
     write_run(a, {"x": {"payload": WritesMarker(str(marker))}, "fine": {"v": torch.ones(2)}})
@@ -227,9 +228,13 @@ def test_malicious_dump_in_both_runs_is_refused_without_loading(
         else:
             target.write_bytes(path.read_bytes())
     code, out, _ = run_cli(capsys, "diff", a, b)
-    assert code == 2
-    assert "ERROR      x" in out
+    assert code == 0
+    assert "2 dumps: 2 equal, 0 different" in out
+    assert "note: equal bytes, compared without loading (a safe load refuses it" in out
     assert "refusing to load" in out
+    code, report = run_json(capsys, "diff", a, b)
+    notes = {d["name"]: d["notes"] for d in report["dumps"]}
+    assert code == 0 and notes["fine"] == [] and "refusing to load" in notes["x"][0]
     assert not marker.exists()
 
 
@@ -243,3 +248,159 @@ def test_unsafe_flag_really_unpickles(tmp_path: Path, capsys: pytest.CaptureFixt
     assert code == 1
     assert marker.exists()
     assert "unsafe=True" in err
+
+
+# --- issue 33: rows, ignore, errors apart, equal archives, containers by content ----------------
+
+
+@pytest.fixture
+def fresh(tmp_path: Path) -> tuple[str, str]:
+    return str(tmp_path / "a"), str(tmp_path / "b")
+
+
+def _rows_dump(bump_rows: range = range(0)) -> dict[str, object]:
+    logp = torch.linspace(0, 1, 40 * 3).reshape(40, 3)
+    for row in bump_rows:
+        logp[row, 1] += 1.0
+    return {"logp": logp, "uid": [f"uid-{i}" for i in range(40)]}
+
+
+def test_every_differing_row_with_its_uid(
+    fresh: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = fresh
+    write_run(a, {"step0/batch": _rows_dump()})
+    write_run(b, {"step0/batch": _rows_dump(range(5, 35))})  # rows 5..34 differ
+    code, out, _ = run_cli(capsys, "diff", a, b)
+    assert code == 1
+    shown = ", ".join(f"{r} (uid uid-{r})" for r in range(5, 15))
+    assert f"; 30 rows differ: {shown} and 20 more (--json lists all)" in out
+    code, report = run_json(capsys, "diff", a, b)
+    (entry,) = [d for d in report["dumps"] if d["status"] == "different"]
+    (difference,) = entry["differences"]
+    assert difference["rows"] == list(range(5, 35))
+    assert difference["row_ids"] == [f"uid-{r}" for r in range(5, 35)]
+    assert difference["id_column"] == "uid"
+
+
+def _sample(generated: int, seconds: float, logp: float) -> object:
+    from trajtrack.rollout import RolloutBatch, RolloutSample
+
+    batch = RolloutBatch(
+        {"old_log_probs": torch.full((2, 3), logp)},
+        {"uid": ["u0", "u1"]},
+        {"timing_s/gen": seconds},
+    )
+    status = {"count/total_generated_samples": generated, "static/max_queue_size": 8}
+    return RolloutSample(batch, sample_id="s0", rollout_status=status, processing_times=[seconds])
+
+
+def test_ignore_patterns_and_the_volatile_preset(
+    fresh: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = fresh
+    write_run(a, {"step0/sample0": _sample(3, 1.5, 0.0)})
+    write_run(b, {"step0/sample0": _sample(7, 2.5, 0.0)})
+    code, out, _ = run_cli(capsys, "diff", a, b)
+    assert code == 1 and "rollout_status['count/total_generated_samples']" in out
+    code, out, _ = run_cli(capsys, "diff", a, b, "--ignore-volatile")
+    assert code == 0, out
+    assert "ignored: '*timing_s*'" in out and ": 4 keys in 1 dumps" in out
+    code, out, _ = run_cli(
+        capsys, "diff", a, b, "--ignore", "*timing_s*", "--ignore", ".rollout_status[*]"
+    )
+    assert code == 1  # processing_times still differ
+    assert "ignored: '*timing_s*' '.rollout_status[*]': 3 keys in 1 dumps" in out
+    assert ".processing_times[0]: numbers differ" in out
+    assert "total_generated_samples" not in out.split("ignored:")[1].split("\n", 1)[1]
+    code, report = run_json(capsys, "diff", a, b, "--ignore-volatile")
+    (entry,) = report["dumps"]
+    assert entry["status"] == "equal" and sorted(entry["ignored"]) == [
+        ".full_batch.meta_info['timing_s/gen']",
+        ".processing_times",
+        ".rollout_status",
+        ".tool_calls",
+    ]
+    assert report["ignore"][0] == "*timing_s*"
+
+
+def test_errors_alone_are_never_a_divergence(
+    fresh: tuple[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a, b = fresh
+    write_run(a, {"step0/x": WritesMarker(str(tmp_path / "m1")), "step1/y": {"v": torch.ones(2)}})
+    write_run(b, {"step0/x": WritesMarker(str(tmp_path / "m2")), "step1/y": {"v": torch.ones(2)}})
+    code, out, _ = run_cli(capsys, "diff", a, b)
+    assert code == 2
+    assert "first divergence" not in out
+    assert "not compared: 1 dumps (errors, below; not divergences)" in out
+    assert "ERROR      step0/x" in out and "refusing to load" in out
+    code, report = run_json(capsys, "diff", a, b)
+    assert (code, report["first_divergence"], report["differ"]) == (2, None, False)
+    assert report["errors"] == ["step0/x"]
+    assert not (tmp_path / "m1").exists() and not (tmp_path / "m2").exists()
+
+
+def _serialization_id_replaced(path: Path) -> None:
+    """Give the archive at *path* another per-save id (same length), nothing else changed."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith("/.data/serialization_id")]
+        old = archive.read(name)
+    data = path.read_bytes()
+    assert data.count(old) == 1
+    new = bytes(reversed(old)) if bytes(reversed(old)) != old else b"1" * len(old)
+    path.write_bytes(data.replace(old, new))
+
+
+def test_archives_equal_apart_from_their_serialization_id_are_equal_unloaded(
+    fresh: tuple[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a, b = fresh
+    marker = tmp_path / "pwned"
+    objects = {"evil": {"p": WritesMarker(str(marker))}, "big": {"x": torch.arange(100_000.0)}}
+    write_run(a, objects)
+    write_run(b, objects)
+    for name in ("evil", "big"):  # one small pair, one compared as local files
+        (path,) = Path(b).glob(f"{name}*.pth")
+        _serialization_id_replaced(path)
+        assert path.read_bytes() != next(Path(a).glob(f"{name}*.pth")).read_bytes()
+    code, out, _ = run_cli(capsys, "diff", a, b)
+    assert code == 0, out
+    assert "2 dumps: 2 equal" in out
+    assert "the archives are equal apart from torch's per-save serialization id" in out
+    assert not marker.exists()
+    # Any other byte changed: no longer equal (here: refused when loaded, an error).
+    (evil,) = Path(b).glob("evil*.pth")
+    data = evil.read_bytes()
+    evil.write_bytes(data.replace(b"pwned", b"pwneD"))
+    code, out, _ = run_cli(capsys, "diff", a, b)
+    assert code == 2 and "ERROR      evil" in out
+
+
+def test_runs_before_and_after_switching_to_dataproto_diff_equal(
+    fresh: tuple[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    protocol = pytest.importorskip("verl.protocol")
+    from trajtrack.rollout import RolloutBatch
+
+    a, b = fresh
+    tensors = {"responses": torch.arange(12).view(3, 4), "logp": torch.zeros(3, 4)}
+    uids = np.array(["a", "b", "c"], dtype=object)
+    proto = protocol.DataProto.from_dict(
+        tensors=dict(tensors), non_tensors={"uid": uids}, meta_info={"step": 1}
+    )
+    write_run(a, {"step0/batch": RolloutBatch(dict(tensors), {"uid": uids}, {"step": 1})})
+    write_run(b, {"step0/batch": proto})
+    report = tmp_path / "r.html"
+    code, out, _ = run_cli(capsys, "diff", a, b, "--unsafe", "--html", str(report))
+    assert code == 0, out
+    assert "note: RolloutBatch vs DataProto at <root>: compared by content" in out
+    assert "note: dict vs TensorDict at .batch: compared by content" in out
+    assert "RolloutBatch vs DataProto at &lt;root&gt;: compared by content" in report.read_text()
+    proto.batch["logp"][2, 1] = 1.0
+    write_run(str(tmp_path / "c"), {"step0/batch": proto})
+    code, out, _ = run_cli(capsys, "diff", a, str(tmp_path / "c"), "--unsafe")
+    assert code == 1
+    assert ".batch['logp']: 1 of 12 elements differ" in out and "1 row differs: 2 (uid c)" in out

@@ -28,7 +28,11 @@ WIDTH = 1200
 def _dumps(bump: float = 0.0) -> dict[str, object]:
     gen = torch.Generator().manual_seed(0)
     out: dict[str, object] = {
-        f"step{i}/batch": {"logp": torch.randn(8, 16, generator=gen)} for i in range(6)
+        f"step{i}/batch": {
+            "logp": torch.randn(8, 16, generator=gen),
+            "uid": [f"s{j}" for j in range(8)],
+        }
+        for i in range(6)
     }
     if bump:
         out["step2/batch"]["logp"][3, 4] += bump  # type: ignore[index]
@@ -59,6 +63,8 @@ def test_report_renders_in_chromium_without_errors(report: Path, tmp_path: Path)
             "   s.getBoundingClientRect().height]),"
             " first: document.getElementById('first-divergence').textContent,"
             " rows: document.querySelectorAll('#differing-dumps tr.dump').length,"
+            " samples: [...document.querySelectorAll('#differing-dumps td.rows')].map("
+            "   td => td.textContent),"
             " scripts: document.scripts.length,"
             " height: document.documentElement.scrollHeight})"
         )
@@ -67,6 +73,8 @@ def test_report_renders_in_chromium_without_errors(report: Path, tmp_path: Path)
     assert page["title"].startswith("trajtrack diff: ")
     assert page["first"] == "step2/batch"
     assert page["rows"] == 4  # 2 different, 1 only in A, 1 only in B
+    every_row = ", ".join(f"{j} (uid s{j})" for j in range(8))
+    assert page["samples"] == ["3 (uid s3)", every_row]  # each differing row, with its uid
     assert page["scripts"] == 0  # the hostile dump name stayed text
     kinds = {cls: (w, h) for cls, w, h in page["plots"]}
     assert set(kinds) == {"plot divergence", "plot histogram"}

@@ -86,3 +86,16 @@ def test_show_html_needs_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     code, out, err = show(run, "x", "--html", str(tmp_path / "r.html"))
     assert code == 2 and out == "" and "pip install 'trajtrack[report]'" in err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_shared_and_expanded_tensors_are_bounded() -> None:
+    # Issue 32: a list DAG of shared references holds one tensor, reached by 2**60 paths: it is
+    # listed once; a stride-0 tensor claiming 2**34 elements is listed without statistics or
+    # values computed from a materialized copy.
+    dag: list[object] = [torch.arange(3.0)]
+    for _ in range(60):
+        dag = [dag, dag]
+    page = render_dump_report({"dag": dag, "wide": torch.ones(1).expand(2**34)}, INFO, url="r")
+    (table,) = re.findall(r'<table id="tensors">.*?</table>', page, re.DOTALL)
+    assert table.count("<tr>") == 3  # the head, the DAG's one tensor, the expanded one
+    assert "17179869184" in table

@@ -120,7 +120,10 @@ def test_error_dumps_are_marked(ab: tuple[str, str], tmp_path: Path) -> None:
     assert not (tmp_path / "owned").exists()  # refused, by the diff and by the report
     page = (tmp_path / "r.html").read_text()
     assert 'id="count-error">1</b>' in page and "error (1)" in page
-    assert 'id="first-divergence">evil</strong> (error)' in page
+    # An error alone is not a divergence, and the runs are not said to differ (issue 33).
+    assert "first-divergence" not in page and "the runs differ" not in page
+    assert "1 dumps could not be compared (exit 2); no difference found" in page
+    assert '<span id="errors">1 dumps (errors, not divergences): <code>evil</code>' in page
     assert "refusing to load: it references posix.mkdir" in page
 
 
@@ -331,3 +334,14 @@ def test_many_differing_dumps_are_drawn_as_one_path(monkeypatch: pytest.MonkeyPa
         "max abs |a-b|",
         "max rel |a-b|/|b|",
     ]
+
+
+def test_ignored_keys_notes_and_rows_are_in_the_report(ab: tuple[str, str], tmp_path: Path) -> None:
+    a, b = ab
+    write_run(a, {"s": {"timing_s": 1.0, "x": torch.zeros(3, 2), "uid": ["p", "q", "r"]}})
+    write_run(b, {"s": {"timing_s": 2.0, "x": torch.eye(3, 2), "uid": ["p", "q", "r"]}})
+    code, _, _ = diff(a, b, "--ignore", "*timing*", "--html", str(tmp_path / "r.html"))
+    assert code == 1
+    page = (tmp_path / "r.html").read_text()
+    assert '<span id="ignored"><code>*timing*</code>: 1 keys</span>' in page
+    assert '<td class="mono rows">0 (uid p), 1 (uid q)</td>' in page

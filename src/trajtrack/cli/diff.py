@@ -16,6 +16,7 @@ from trajtrack.cli._common import (
     write_json,
 )
 from trajtrack.reader import (
+    VOLATILE_KEYS,
     Difference,
     DumpComparison,
     RunDiff,
@@ -54,7 +55,9 @@ def add_parser(commands: Any) -> None:
         ),
         epilog="exit codes: 0 equal within tolerance, 1 the runs differ (values, keys, "
         "or dumps present in only one run), 2 usage or I/O error, or a dump that cannot be "
-        "loaded (refused as unsafe, corrupt).",
+        "compared (refused as unsafe, corrupt): such a dump is an error, listed apart, never "
+        "the first divergence. Containers of other types holding the same data (a DataProto "
+        "and a RolloutBatch) are equal, with a note.",
     )
     parser.add_argument("url_a", metavar="URL_A", help="run A")
     parser.add_argument("url_b", metavar="URL_B", help="run B (the reference for rtol)")
@@ -67,6 +70,19 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--nan-unequal", action="store_true", help="count NaN == NaN as a difference"
+    )
+    parser.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="leave out key paths matching this glob, as diff prints them ('*timing_s*', "
+        '".rollout_status[*]"): * any characters, ? one, brackets literal; repeatable',
+    )
+    parser.add_argument(
+        "--ignore-volatile",
+        action="store_true",
+        help="also leave out verl's volatile bookkeeping: " + ", ".join(VOLATILE_KEYS),
     )
     parser.add_argument(
         "--unsafe",
@@ -116,6 +132,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
                 unsafe=args.unsafe,
                 limit_per_dump=max(20, args.max_differences),
                 on_progress=update,
+                ignore=[*args.ignore, *(VOLATILE_KEYS if args.ignore_volatile else ())],
             )
         finally:
             close()
@@ -131,7 +148,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
 
 
 def render(result: RunDiff, *, max_dumps: int = 20, per_dump: int = 5) -> list[str]:
-    """The human report: header, non-equal dumps in dump order, summary."""
+    """The human report: header, non-equal dumps in dump order, notes, summary."""
     tol = result.tolerance
     nan = "NaN == NaN" if tol.equal_nan else "NaN != NaN"
     lines = [
@@ -139,12 +156,14 @@ def render(result: RunDiff, *, max_dumps: int = 20, per_dump: int = 5) -> list[s
         f"B: {result.url_b}",
         f"tolerance: |a-b| <= {tol.atol:g} + {tol.rtol:g}*|b|, {nan}",
     ]
+    lines.extend(_ignored_lines(result))
     first = result.first_divergence()
-    if first is None:
-        lines.append("")
-    else:
+    if first is not None:
         lines.append(f"first divergence: {first.name}")
-        lines.append("")
+    errors = len(result.errors())
+    if errors:
+        lines.append(f"not compared: {errors} dumps (errors, below; not divergences)")
+    lines.append("")
     shown = 0
     for comparison in result.comparisons:
         if comparison.status == "equal":
@@ -156,12 +175,44 @@ def render(result: RunDiff, *, max_dumps: int = 20, per_dump: int = 5) -> list[s
     hidden = sum(c.status != "equal" for c in result.comparisons) - shown
     if hidden > 0:
         lines.append(f"... {hidden} more differing dumps (--max-dumps, or --json for all)")
+    lines.extend(_note_lines(result))
     counts = result.counts()
     lines.append(
         f"{len(result.comparisons)} dumps: {counts['equal']} equal, "
         f"{counts['different']} different, {counts['only_in_a']} only in A, "
         f"{counts['only_in_b']} only in B, {counts['error']} errors"
     )
+    return lines
+
+
+_NOTES_SHOWN = 10
+_ROWS_SHOWN = 10
+
+
+def _ignored_lines(result: RunDiff) -> list[str]:
+    if not result.ignore:
+        return []
+    paths = [p for c in result.comparisons for p in c.ignored]
+    dumps = sum(bool(c.ignored) for c in result.comparisons)
+    patterns = " ".join(repr(p) for p in result.ignore)
+    line = f"ignored: {patterns}: {len(paths)} keys in {dumps} dumps"
+    if paths:
+        line += f" (e.g. {paths[0]})"
+    return [line]
+
+
+def _note_lines(result: RunDiff) -> list[str]:
+    """Each distinct note once, with the number of dumps it was made for."""
+    counted: dict[str, int] = {}
+    for comparison in result.comparisons:
+        for note in comparison.notes:
+            counted[note] = counted.get(note, 0) + 1
+    lines = [
+        f"note: {note}" + (f" ({n} dumps)" if n > 1 else "")
+        for note, n in list(counted.items())[:_NOTES_SHOWN]
+    ]
+    if len(counted) > _NOTES_SHOWN:
+        lines.append(f"... {len(counted) - _NOTES_SHOWN} more notes (--json for all)")
     return lines
 
 
@@ -183,6 +234,7 @@ def _difference_line(d: Difference) -> str:
     text = f"{where}: {d.detail}"
     if d.index is not None:
         text += f"; first at index {list(d.index)}: A={d.a} B={d.b}"
+        text += _rows_text(d)
     elif d.kind in ("value", "type"):
         text += f": A={d.a} B={d.b}"
     elif d.kind == "missing":
@@ -190,3 +242,11 @@ def _difference_line(d: Difference) -> str:
     elif d.kind == "extra":
         text += f": {d.b}"
     return text
+
+
+def _rows_text(d: Difference) -> str:
+    """``; 2 rows differ: 1 (uid u1), 5 (uid u5)``: the first rows, with their ids."""
+    if not d.rows:
+        return ""
+    word = "row differs" if len(d.rows) == 1 else "rows differ"
+    return f"; {len(d.rows)} {word}: {d.rows_text(_ROWS_SHOWN)}"

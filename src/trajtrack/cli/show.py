@@ -28,6 +28,7 @@ from trajtrack.reader import (
     require_matplotlib,
     write_atomically,
 )
+from trajtrack.reader._kinds import abbreviate, within_budget
 
 __all__ = ["add_parser", "describe", "run"]
 
@@ -101,50 +102,71 @@ def _print(streams: Streams, info: DumpInfo, tree: dict[str, Any]) -> None:
 
 
 def describe(obj: Any, max_items: int = _MAX_ITEMS, depth: int = 0) -> dict[str, Any]:
-    """A JSON-serializable description of *obj*: type, and children or statistics."""
-    node: dict[str, Any] = {"type": type(obj).__name__}
-    if isinstance(obj, torch.Tensor):
-        node.update(_tensor_summary(obj))
-    elif isinstance(obj, np.ndarray):
-        node.update(_array_summary(obj))
-    elif depth >= _MAX_DEPTH:
-        node["value"] = _abbrev(obj)
-    elif isinstance(obj, Mapping):
-        node["children"], node["more"] = _children(
-            ((f"[{k!r}]", v) for k, v in obj.items()), len(obj), max_items, depth
-        )
-    elif isinstance(obj, (list, tuple)):
-        node["children"], node["more"] = _children(
-            ((f"[{i}]", v) for i, v in enumerate(obj)), len(obj), max_items, depth
-        )
-        node["length"] = len(obj)
-    elif all(hasattr(obj, n) for n in _BATCH_PARTS):  # RolloutBatch, verl's DataProto
-        node["children"], node["more"] = _children(
-            ((f".{n}", getattr(obj, n)) for n in _BATCH_PARTS), 3, max_items, depth, limit=3
-        )
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        fields = dataclasses.fields(obj)
-        node["children"], node["more"] = _children(
-            ((f".{f.name}", getattr(obj, f.name)) for f in fields),
-            len(fields),
-            max_items,
-            depth,
-            limit=len(fields),
-        )
-    else:
-        node["value"] = _abbrev(obj)
-    return node
+    """A JSON-serializable description of *obj*: type, and children or statistics.
+
+    Bounded whatever the object: a node reached again through a shared reference is described
+    once (later: ``"same_as"`` its first key path), at most :data:`_MAX_NODES` nodes and
+    :data:`_MAX_DEPTH` levels are described, values are abbreviated by a bounded repr, and a
+    tensor's statistics are computed only within the element budget.
+    """
+    return _Describer(max_items).node(obj, depth, "")
 
 
-def _children(
-    items: Any, count: int, max_items: int, depth: int, *, limit: int | None = None
-) -> tuple[list[dict[str, Any]], int]:
-    children = []
-    for i, (key, value) in enumerate(items):
-        if i >= (max_items if limit is None else limit):
-            break
-        children.append({"key": key, **describe(value, max_items, depth + 1)})
-    return children, max(0, count - len(children))
+_MAX_NODES = 5_000  # nodes described at most: a DAG or a wide tree is cut, not walked out
+
+
+class _Describer:
+    def __init__(self, max_items: int) -> None:
+        self.max_items = max_items
+        self.seen: dict[int, tuple[str, Any]] = {}  # id -> (first path, the object: kept alive)
+        self.nodes = 0
+
+    def node(self, obj: Any, depth: int, path: str) -> dict[str, Any]:
+        self.nodes += 1
+        node: dict[str, Any] = {"type": type(obj).__name__}
+        if isinstance(obj, torch.Tensor):
+            node.update(_tensor_summary(obj))
+        elif isinstance(obj, np.ndarray):
+            node.update(_array_summary(obj))
+        elif isinstance(obj, (str, bytes, int, float, complex, bool, type(None))):
+            node["value"] = _abbrev(obj)
+        elif id(obj) in self.seen:
+            node["same_as"] = self.seen[id(obj)][0] or "<root>"
+        elif depth >= _MAX_DEPTH or self.nodes > _MAX_NODES:
+            node["value"] = _abbrev(obj)
+        else:
+            self.seen[id(obj)] = (path, obj)
+            self._container(obj, node, depth, path)
+        return node
+
+    def _container(self, obj: Any, node: dict[str, Any], depth: int, path: str) -> None:
+        max_items = self.max_items
+        if isinstance(obj, Mapping):
+            items: Any = ((f"[{k!r}]", v) for k, v in obj.items())
+            self._children(node, items, len(obj), max_items, depth, path)
+        elif isinstance(obj, (list, tuple)):
+            items = ((f"[{i}]", v) for i, v in enumerate(obj))
+            self._children(node, items, len(obj), max_items, depth, path)
+            node["length"] = len(obj)
+        elif all(hasattr(obj, n) for n in _BATCH_PARTS):  # RolloutBatch, verl's DataProto
+            items = ((f".{n}", getattr(obj, n)) for n in _BATCH_PARTS)
+            self._children(node, items, 3, 3, depth, path)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            fields = dataclasses.fields(obj)
+            items = ((f".{f.name}", getattr(obj, f.name)) for f in fields)
+            self._children(node, items, len(fields), len(fields), depth, path)
+        else:
+            node["value"] = _abbrev(obj)
+
+    def _children(
+        self, node: dict[str, Any], items: Any, count: int, limit: int, depth: int, path: str
+    ) -> None:
+        children = []
+        for i, (key, value) in enumerate(items):
+            if i >= limit:
+                break
+            children.append({"key": key, **self.node(value, depth + 1, path + key)})
+        node["children"], node["more"] = children, max(0, count - len(children))
 
 
 def _tensor_summary(t: torch.Tensor) -> dict[str, Any]:
@@ -154,6 +176,9 @@ def _tensor_summary(t: torch.Tensor) -> dict[str, Any]:
         "device": str(t.device),
     }
     if t.layout != torch.strided or t.numel() == 0:
+        return out
+    if not within_budget(t):  # an expanded view of a small storage: not materialized
+        out["note"] = f"statistics not computed: {t.numel()} elements over a smaller storage"
         return out
     data = t.detach()
     if data.dtype == torch.bool:
@@ -190,11 +215,7 @@ def _array_summary(a: np.ndarray[Any, Any]) -> dict[str, Any]:
 
 
 def _abbrev(value: Any) -> str:
-    try:
-        text = repr(value)
-    except Exception:  # a broken __repr__ in a dumped object
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= _ABBREVIATE else text[: _ABBREVIATE - 3] + "..."
+    return abbreviate(value, _ABBREVIATE)  # bounded: a DAG or a deep list has no plain repr
 
 
 def render(node: dict[str, Any], indent: int = 0, key: str = "") -> list[str]:
@@ -223,7 +244,11 @@ def _summary_line(node: dict[str, Any]) -> str:
                 parts.append(f"{count}={node[count]}")
         if "values" in node:
             parts.append(node["values"])
+        if "note" in node:
+            parts.append(f"({node['note']})")
         return " ".join(parts)
+    if "same_as" in node:
+        return f"{kind} (the same object as {node['same_as']})"
     if "children" in node:
         size = node.get("length", len(node["children"]) + node.get("more", 0))
         return f"{kind} ({size} {'item' if size == 1 else 'items'})"

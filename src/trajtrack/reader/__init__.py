@@ -11,6 +11,10 @@ Read the modules in this order::
     _portable.py   ... and how that process hands the object back (torch's defaults load it)
     _main_module.py  ... started only if spawning it would not re-run the caller's script
     _compare.py    compare(): the structural walk over two objects, with a Tolerance
+    _kinds.py      what kind of container a loaded object is; bounded repr and element budget
+    _rows.py       the differing rows of two batch tensors and their ids (uid)
+    _ignore.py     --ignore glob patterns over key paths, and the volatile-keys preset
+    _same_archive.py  two torch archives equal apart from their per-save serialization id
     _numeric.py    element-wise comparison of two tensors (the hot loop of compare)
     _files.py      two local files compared in place, byte for byte
     _readahead.py  a bounded read-ahead of the files diff is about to compare
@@ -28,13 +32,14 @@ The CLI (:mod:`trajtrack.cli`) is built on these names; so can be any other tool
 from __future__ import annotations
 
 from trajtrack.reader._batch_reads import dump_batches
-from trajtrack.reader._compare import Difference, Tolerance, compare
+from trajtrack.reader._compare import Difference, Differences, Tolerance, compare
 from trajtrack.reader._diff import DumpComparison, RunDiff, diff_runs
 from trajtrack.reader._dump_report import render_dump_report
 from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order, matches
 from trajtrack.reader._export import ExportResult, export_run
 from trajtrack.reader._gather import gather_bounded, group_small
 from trajtrack.reader._html import write_atomically
+from trajtrack.reader._ignore import VOLATILE as VOLATILE_KEYS
 from trajtrack.reader._plots import require_matplotlib
 from trajtrack.reader._report import (
     DivergentTensor,
@@ -52,7 +57,9 @@ from trajtrack.reader._safe_load import (
 from trajtrack.reader._syncrun import SyncRun
 
 __all__ = [
+    "VOLATILE_KEYS",
     "Difference",
+    "Differences",
     "DivergentTensor",
     "DumpComparison",
     "DumpInfo",

@@ -69,10 +69,10 @@ def compare_archives(
         if starts_b is None:
             return None
         found: list[Difference] = []
-        for path, ref in _tensors(a.obj, "", 0):
+        for path, ref, parents in _tensors(a.obj, "", 0, ()):
             x = _array(ref, data_a, ref[4].start)
             y = _array(ref, data_b, starts_b[ref[4].key])
-            difference = _difference(path, ref[3], x, y, tol)
+            difference = _difference(path, ref[3], x, y, tol, parents)
             if difference is not None:
                 found.append(difference)
                 if len(found) >= limit:
@@ -93,12 +93,14 @@ def _same_pickle_storages(a: Unpickled, data_b: bytes) -> dict[str, int] | None:
     return {key: storage_start(data_b, records, key, r.length) for key, r in a.storages.items()}
 
 
-def _tensors(obj: Any, path: str, depth: int) -> Iterator[tuple[str, TensorRef]]:
-    """Each tensor record of *obj* with its path, in the order
+def _tensors(
+    obj: Any, path: str, depth: int, parents: tuple[Any, ...]
+) -> Iterator[tuple[str, TensorRef, tuple[Any, ...]]]:
+    """Each tensor record of *obj* with its path and the dicts around it, in the order
     :func:`~trajtrack.reader._compare.compare` walks two objects of this structure."""
     kind = type(obj)
     if kind is TensorRef:
-        yield path, obj
+        yield path, obj, parents
     elif kind in ATOMS:
         return
     elif depth > _MAX_DEPTH:
@@ -107,12 +109,12 @@ def _tensors(obj: Any, path: str, depth: int) -> Iterator[tuple[str, TensorRef]]
         for key, value in obj.items():
             if type(key) not in ATOMS:
                 raise _Declined  # a tensor (or a tuple) as a key
-            yield from _tensors(value, f"{path}[{key!r}]", depth + 1)
+            yield from _tensors(value, f"{path}[{key!r}]", depth + 1, (*parents, obj))
     elif kind is list or kind is tuple:
         if len(obj) > _MAX_ITEMS:
             raise _Declined
         for i, item in enumerate(obj):
-            yield from _tensors(item, f"{path}[{i}]", depth + 1)
+            yield from _tensors(item, f"{path}[{i}]", depth + 1, parents)
     elif kind is set or kind is frozenset:
         if not ATOMS.issuperset(map(type, obj)):
             raise _Declined  # compared as a whole by the walk
@@ -126,6 +128,7 @@ def _difference(
     x: np.ndarray[Any, Any],
     y: np.ndarray[Any, Any],
     tol: Tolerance,
+    parents: tuple[Any, ...],
 ) -> Difference | None:
     decided, found = fast_flat(x, y, tol.rtol, tol.atol, own=True)
     if not decided:
@@ -133,7 +136,9 @@ def _difference(
     if found is None:
         return None
     assert found.values is not None  # own=True: read from the arrays
-    return numeric_difference(path, found, size, x.size, *found.values)
+    return numeric_difference(
+        path, found, size, x.size, *found.values, rows_of=(x, y, tol, parents)
+    )
 
 
 def _array(ref: TensorRef, data: bytes, start: int) -> np.ndarray[Any, Any]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import operator
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import anyio
@@ -40,6 +40,7 @@ from trajtrack.reader._diff_result import (
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._files import LocalFile, local_file
 from trajtrack.reader._gather import both, gather_bounded
+from trajtrack.reader._ignore import compile_ignore
 from trajtrack.reader._pair_checks import (
     compare_files,
     compare_loaded,
@@ -62,6 +63,7 @@ async def diff_runs(
     unsafe: bool = False,
     limit_per_dump: int = 20,
     on_progress: Callable[[int, int], None] | None = None,
+    ignore: Sequence[str] = (),
 ) -> RunDiff:
     """Compare two runs dump by dump (paired by name), reading each file once, in parallel.
 
@@ -73,6 +75,10 @@ async def diff_runs(
         unsafe: Allow full unpickling (runs code from the dumps).
         limit_per_dump: At most this many differences per dump.
         on_progress: Called with ``(done, total)`` as pairs finish.
+        ignore: Glob patterns of key paths left out of every comparison (``*`` any run of
+            characters, ``?`` one, brackets literal; see :func:`~trajtrack.reader.compare`):
+            neither compared nor counted, and listed per dump in
+            :attr:`DumpComparison.ignored`. ``VOLATILE_KEYS`` is verl's bookkeeping.
 
     Raises:
         StorageError: Listing a run failed (per-dump read failures become ``error`` entries).
@@ -85,8 +91,10 @@ async def diff_runs(
     cpu = anyio.CapacityLimiter(min(limit, os.cpu_count() or 1))
     total = len(pairs)
     progress = (lambda done: on_progress(done, total)) if on_progress else None
+    patterns = tuple(ignore)
+    compile_ignore(patterns)  # a bad pattern fails here, before any reading
     comparer = _Comparer(
-        run_a, run_b, tolerance or Tolerance(), unsafe, limit_per_dump, cpu, progress
+        run_a, run_b, tolerance or Tolerance(), unsafe, limit_per_dump, cpu, progress, patterns
     )
     comparer.find_local_files(pairs)
     try:
@@ -102,7 +110,7 @@ async def diff_runs(
     results = [comparison for batch in batches for comparison in batch]
     results.sort(key=_NAME)  # then by order, stably: a large pair may go ahead of a batch
     results.sort(key=_ORDER)
-    return RunDiff(run_a.url, run_b.url, comparer.tol, tuple(results))
+    return RunDiff(run_a.url, run_b.url, comparer.tol, tuple(results), patterns)
 
 
 async def _list_both(
@@ -167,9 +175,10 @@ class _Comparer:
         limit: int,
         cpu: anyio.CapacityLimiter,
         progress: Callable[[int], None] | None,
+        ignore: tuple[str, ...] = (),
     ) -> None:
         self.run_a, self.run_b, self.tol = run_a, run_b, tol
-        self.unsafe, self.limit, self.cpu = unsafe, limit, cpu
+        self.unsafe, self.limit, self.cpu, self.ignore = unsafe, limit, cpu, ignore
         self.local: dict[str, tuple[LocalFile, LocalFile]] = {}
         self.small: set[str] = set()  # the names of the small pairs (read in groups)
         self.readahead = ReadAhead([])
@@ -191,7 +200,7 @@ class _Comparer:
         # flight as before, 0.90-0.95 s (366 MB). In 16 MiB batches, 4 in flight (pass 13):
         # 0.58 s against 0.63-0.65 s in 8 MiB ones, side by side (peak RSS 395 vs 331 MB).
         self.small_batches = anyio.CapacityLimiter(4)
-        self._options = (tol, unsafe, limit)
+        self._options = (tol, unsafe, limit, ignore)
         # Two local runs: small batches are read by the thread that compares them.
         reader_a, reader_b = run_a.blocking_reader(), run_b.blocking_reader()
         self.readers = None if reader_a is None or reader_b is None else (reader_a, reader_b)
@@ -304,21 +313,21 @@ class _Comparer:
     def _compare_read(
         self, batch: list[Pair], data_a: list[bytes | Exception], data_b: list[bytes | Exception]
     ) -> list[DumpComparison]:
-        return compare_read(batch, data_a, data_b, self.tol, self.unsafe, self.limit)
+        return compare_read(batch, data_a, data_b, *self._options)
 
     async def compare(self, pair: Pair) -> DumpComparison:
         name, a, b, rank = pair
         if a is None or b is None:
             status: Status = "only_in_b" if a is None else "only_in_a"
             return DumpComparison(name, status, a, b, order=rank)
-        tol, unsafe, limit = self.tol, self.unsafe, self.limit
+        options = self._options
         try:
             paths = self.local.get(name)
             if paths is not None:  # compared and loaded from the files themselves
                 path_a, path_b = paths
                 try:
                     found = await anyio.to_thread.run_sync(
-                        compare_files, path_a, path_b, name, tol, unsafe, limit, limiter=self.cpu
+                        compare_files, path_a, path_b, name, *options, limiter=self.cpu
                     )
                 finally:
                     self.readahead.finished()
@@ -326,7 +335,7 @@ class _Comparer:
                 _check_present(a, b)
                 data_a, data_b = await _read_pair(self.run_a, self.run_b, a, b)
                 found = await anyio.to_thread.run_sync(
-                    load_and_compare, data_a, data_b, name, tol, unsafe, limit, limiter=self.cpu
+                    load_and_compare, data_a, data_b, name, *options, limiter=self.cpu
                 )
         except (TrajtrackError, OSError) as exc:
             return failed(pair, exc)

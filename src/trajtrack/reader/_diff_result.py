@@ -28,6 +28,9 @@ class DumpComparison(NamedTuple):
         differences: What differs (at most the per-dump limit).
         error: Why the dump could not be compared (``status == "error"``).
         order: Commit time relative to its run's first dump (dump order across both runs).
+        notes: What the comparison noted that is not a difference: containers of other types
+            compared by content, a pair equal without loading (and why it was not loaded).
+        ignored: The key paths left out by the ``ignore`` patterns.
     """
 
     name: str
@@ -37,6 +40,8 @@ class DumpComparison(NamedTuple):
     differences: tuple[Difference, ...] = ()
     error: str | None = None
     order: float = 0.0
+    notes: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serializable dict."""
@@ -48,6 +53,8 @@ class DumpComparison(NamedTuple):
             "order": self.order,
             "error": self.error,
             "differences": [d.to_json() for d in self.differences],
+            "notes": list(self.notes),
+            "ignored": list(self.ignored),
         }
 
 
@@ -60,12 +67,14 @@ class RunDiff:
         url_b: Run B.
         tolerance: The tolerance used.
         comparisons: One entry per dump name present in either run.
+        ignore: The ``ignore`` patterns the comparisons left out.
     """
 
     url_a: str
     url_b: str
     tolerance: Tolerance
     comparisons: tuple[DumpComparison, ...]
+    ignore: tuple[str, ...] = ()
 
     @property
     def equal(self) -> bool:
@@ -86,9 +95,20 @@ class RunDiff:
             out[c.status] += 1
         return out
 
+    @property
+    def differ(self) -> bool:
+        """True when some dump differs or is in one run only (dumps that could not be
+        compared, alone, do not make the runs differ: they are errors)."""
+        return any(c.status not in ("equal", "error") for c in self.comparisons)
+
     def first_divergence(self) -> DumpComparison | None:
-        """The first dump, in dump order, that is not equal."""
-        return next((c for c in self.comparisons if c.status != "equal"), None)
+        """The first dump, in dump order, that differs or is in one run only (never an
+        error: a dump that could not be compared is not a divergence)."""
+        return next((c for c in self.comparisons if c.status not in _NOT_DIVERGED), None)
+
+    def errors(self) -> list[DumpComparison]:
+        """The dumps that could not be compared, in dump order."""
+        return [c for c in self.comparisons if c.status == "error"]
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serializable dict."""
@@ -100,10 +120,15 @@ class RunDiff:
             "equal": self.equal,
             "exit_code": self.exit_code,
             "counts": self.counts(),
+            "differ": self.differ,
             "first_divergence": first.name if first else None,
+            "errors": [c.name for c in self.errors()],
+            "ignore": list(self.ignore),
             "dumps": [c.to_json() for c in self.comparisons],
         }
 
+
+_NOT_DIVERGED = ("equal", "error")
 
 Pair = tuple[str, DumpInfo | None, DumpInfo | None, float]
 """``(name, a, b, order)``: a dump name, its dump in each run, its place in dump order."""
@@ -116,9 +141,13 @@ def failed(pair: Pair, exc: BaseException) -> DumpComparison:
 
 
 def compared(pair: Pair, found: list[Difference]) -> DumpComparison:
-    """The comparison of a pair whose differences are *found* (none: equal)."""
+    """The comparison of a pair whose differences are *found* (none: equal), with its notes
+    and ignored paths when *found* is a :class:`~trajtrack.reader._compare.Differences`."""
     name, a, b, order = pair
-    return DumpComparison(name, "different" if found else "equal", a, b, tuple(found), None, order)
+    status: Status = "different" if found else "equal"
+    notes = getattr(found, "notes", ())
+    ignored = getattr(found, "ignored", ())
+    return DumpComparison(name, status, a, b, tuple(found), None, order, notes, ignored)
 
 
 def message(exc: BaseException) -> str:

@@ -75,6 +75,8 @@ def mismatch(
     nan_possible = a.is_floating_point() or a.is_complex()
     if (equal_nan or not nan_possible) and bitwise_equal(a, b):
         return None
+    if not nan_possible and rtol == 0 and atol == 0:
+        return _exact(a, b)  # integers exactly: float64 would merge values beyond 2**53
     if a.dtype in _NATIVE_DTYPES:
         x, y = a, b  # no widening copies of the common float tensors
     else:  # ints, bools, half precision: exact in float64 up to 2**53
@@ -101,6 +103,29 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     except (RuntimeError, TypeError):  # exotic dtypes or layouts: the generic path
         pass
     return bool(torch.equal(a, b))
+
+
+def _exact(a: torch.Tensor, b: torch.Tensor) -> Mismatch | None:
+    """Integer or boolean tensors compared element by element, exactly (the magnitudes, over
+    the differing elements only, in float64)."""
+    try:
+        x = np.ascontiguousarray(a.numpy()).reshape(-1)
+        y = np.ascontiguousarray(b.numpy()).reshape(-1)
+    except (RuntimeError, TypeError):  # no numpy view (a lazy negation): the general path
+        return _general(a.to(torch.float64), b.to(torch.float64), 0.0, 0.0, True)
+    outside = x != y
+    count = int(np.count_nonzero(outside))
+    if not count:
+        return None
+    first = int(outside.argmax())  # the method stops at the first True
+    wide_x, wide_y = x[outside].astype(np.float64), y[outside].astype(np.float64)
+    diff = np.abs(wide_x - wide_y)
+    nonzero = wide_y != 0
+    if nonzero.any():
+        max_rel: float | None = float((diff[nonzero] / np.abs(wide_y[nonzero])).max())
+    else:  # equal elements count too, with a relative difference of 0 where b != 0
+        max_rel = 0.0 if np.count_nonzero(y) else None
+    return Mismatch(count, float(diff.max()), max_rel, first, (x[first].item(), y[first].item()))
 
 
 _UNDECIDED: tuple[bool, Mismatch | None] = (False, None)

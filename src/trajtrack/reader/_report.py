@@ -181,10 +181,7 @@ def render_diff_report(
     from trajtrack import __version__
 
     first = result.first_divergence()
-    if result.equal:
-        verdict, verdict_class = "equal within tolerance (exit 0)", "ok"
-    else:
-        verdict, verdict_class = f"the runs differ (exit {result.exit_code})", "bad"
+    verdict, verdict_class = _verdict(result)
     sections = (
         ("summary", "Summary", _summary(result, first)),
         ("plot", "How far apart the runs are, dump by dump", _plot(result, first)),
@@ -200,6 +197,19 @@ def render_diff_report(
         "collected it (at most the per-dump limit of differences); "
         "<code>trajtrack diff --json</code> has them all.",
     )
+
+
+def _verdict(result: RunDiff) -> tuple[str, str]:
+    """The headline and its class: dumps that could not be compared are never reported as
+    the runs differing (they are errors, counted apart)."""
+    errors = len(result.errors())
+    not_compared = f"{errors} dumps could not be compared"
+    if result.equal:
+        return "equal within tolerance (exit 0)", "ok"
+    if result.differ:
+        tail = f"; {not_compared}" if errors else ""
+        return f"the runs differ (exit {result.exit_code}){tail}", "bad"
+    return f"{not_compared} (exit {result.exit_code}); no difference found", "bad"
 
 
 def _summary(result: RunDiff, first: DumpComparison | None) -> str:
@@ -228,8 +238,39 @@ def _summary(result: RunDiff, first: DumpComparison | None) -> str:
         elif first.error:
             text += f"<br><code>{_e(first.error)}</code>"
         items.append(("first divergence", text))
+    items.extend(_apart(result))
     listing = "".join(f"<dt>{key}</dt><dd>{value}</dd>" for key, value in items)
     return f'<div class="counts">{boxes}</div><dl>{listing}</dl>'
+
+
+def _apart(result: RunDiff) -> list[tuple[str, str]]:
+    """The summary's items beside the divergence: errors, ignored keys, notes."""
+    items = []
+    errors = result.errors()
+    if errors:
+        names = ", ".join(f"<code>{_e(c.name)}</code>" for c in errors[:_LISTED])
+        more = f" and {len(errors) - _LISTED} more" if len(errors) > _LISTED else ""
+        text = f"{len(errors)} dumps (errors, not divergences): {names}{more}"
+        items.append(("not compared", f'<span id="errors">{text}</span>'))
+    if result.ignore:
+        ignored = [p for c in result.comparisons for p in c.ignored]
+        patterns = " ".join(f"<code>{_e(p)}</code>" for p in result.ignore)
+        items.append(("ignored", f'<span id="ignored">{patterns}: {len(ignored)} keys</span>'))
+    notes: dict[str, int] = {}
+    for c in result.comparisons:
+        for note in c.notes:
+            notes[note] = notes.get(note, 0) + 1
+    if notes:
+        listed = "".join(
+            f"<li>{_e(note)}{f' ({n} dumps)' if n > 1 else ''}</li>"
+            for note, n in list(notes.items())[:_LISTED]
+        )
+        items.append(("notes", f'<ul id="notes">{listed}</ul>'))
+    return items
+
+
+_LISTED = 20  # errors and notes named in the summary
+_ROWS_LISTED = 50  # differing rows named per difference
 
 
 def _plot(result: RunDiff, first: DumpComparison | None) -> str:
@@ -289,7 +330,7 @@ def _table(result: RunDiff, max_dumps: int) -> str:
     head = (
         "<tr><th>dump</th><th>status</th><th>key</th><th>what differs</th>"
         "<th>elements differing</th><th>max abs</th><th>max rel</th><th>first index</th>"
-        "<th>A</th><th>B</th></tr>"
+        "<th>A</th><th>B</th><th>rows differing</th></tr>"
     )
     rows = [_rows(c) for c in shown[:max_dumps]]
     more = f'<p class="note">... {hidden} more differing dumps not listed.</p>' if hidden else ""
@@ -303,7 +344,7 @@ def _rows(c: DumpComparison) -> str:
         detail = c.error or {"only_in_a": "only in run A", "only_in_b": "only in run B"}.get(
             c.status, ""
         )
-        return f'<tr class="dump">{name}{status}<td colspan="8">{_e(detail)}</td></tr>'
+        return f'<tr class="dump">{name}{status}<td colspan="9">{_e(detail)}</td></tr>'
     cells = []
     for i, d in enumerate(c.differences):
         lead = f"{name}{status}" if i == 0 else "<td></td><td></td>"
@@ -314,7 +355,8 @@ def _rows(c: DumpComparison) -> str:
             f'<td class="mono">{_e(d.path or "<root>")}</td><td>{_e(_what(d))}</td>'
             f'<td class="num">{counted}</td><td class="num">{number(d.max_abs)}</td>'
             f'<td class="num">{number(d.max_rel)}</td><td class="mono">{index}</td>'
-            f'<td class="mono">{_e(d.a or "")}</td><td class="mono">{_e(d.b or "")}</td></tr>'
+            f'<td class="mono">{_e(d.a or "")}</td><td class="mono">{_e(d.b or "")}</td>'
+            f'<td class="mono rows">{_e(d.rows_text(_ROWS_LISTED))}</td></tr>'
         )
     return "".join(cells)
 

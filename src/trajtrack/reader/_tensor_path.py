@@ -15,7 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from trajtrack.reader._compare import _batch_like, _is_mapping, _is_number
+from trajtrack.reader._kinds import (
+    batch_like as _batch_like,
+    is_mapping as _is_mapping,
+    is_number as _is_number,
+    within_budget,
+)
 
 __all__ = [
     "MISSING",
@@ -53,18 +58,24 @@ def numeric_leaves(obj: Any, *, limit: int = 10_000) -> Iterator[tuple[str, Any]
     """``(path, tensor)`` for each tensor and numeric array in *obj*, in ``compare``'s order.
 
     Paths are named as :func:`~trajtrack.reader.compare` names them; at most *limit* objects
-    are visited (a dump with huge lists of scalars is not walked to the end).
+    are visited (a dump with huge lists of scalars is not walked to the end), a container
+    reached again through a shared reference is not walked again, and nothing deeper than 64
+    levels is.
     """
     stack: list[tuple[str, Any, int]] = [("", obj, 0)]
     visited = 0
+    seen: dict[int, Any] = {}  # shared nodes once (kept alive: their ids stay theirs)
     while stack and visited < limit:
         here, value, depth = stack.pop()
         visited += 1
+        if id(value) in seen:
+            continue
         if isinstance(value, torch.Tensor) or (
             isinstance(value, np.ndarray) and value.dtype.kind in "biufc"
         ):
             yield here, value
         elif depth < _MAX_DEPTH:
+            seen[id(value)] = value
             children = list(_children(value, here, None))
             stack.extend((name, child, depth + 1) for name, child in reversed(children))
 
@@ -162,6 +173,8 @@ def _flat(value: Any, step: int) -> np.ndarray[Any, Any] | None:
     if isinstance(value, np.ndarray):
         return value.reshape(-1)[::step]
     tensor = value.detach().cpu()
+    if not within_budget(tensor):  # an expanded view of a small storage: not materialized
+        return None
     try:
         if tensor.layout != torch.strided:
             tensor = tensor.to_dense()
