@@ -6,6 +6,7 @@ Read the modules in this order::
     _listing.py    the list of dumps: record segments + storage listing (+ shard headers)
     _dumps.py      DumpInfo, RunListing: what the reader knows about each dump
     _syncrun.py    SyncRun: the blocking facade (notebooks, scripts)
+    _replay.py     Run.replay: a recorded run step by step, whole steps loaded ahead
     _safe_load.py  loading a dump safely: torch.load(weights_only=True), public API only
     _load_worker.py  ... in trajtrack's own process, for a dump that needs trajtrack's list
     _portable.py   ... and how that process hands the object back (torch's defaults load it)
@@ -36,6 +37,7 @@ from trajtrack.reader._export import ExportResult, export_run
 from trajtrack.reader._gather import gather_bounded, group_small
 from trajtrack.reader._html import write_atomically
 from trajtrack.reader._plots import require_matplotlib
+from trajtrack.reader._replay import Replay
 from trajtrack.reader._report import (
     DivergentTensor,
     load_divergent_tensor,
@@ -57,6 +59,7 @@ __all__ = [
     "DumpComparison",
     "DumpInfo",
     "ExportResult",
+    "Replay",
     "Run",
     "RunDiff",
     "RunListing",
