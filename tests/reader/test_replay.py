@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import random
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +195,16 @@ async def test_iterating_outside_the_block_is_a_clear_error(tmp_path: Path) -> N
         with pytest.raises(TrackerStateError, match="async with"):
             async for _ in run.replay("s{step}"):
                 pass
+
+
+def test_the_docs_example_re_runs_one_trainer_step(tmp_path: Path) -> None:
+    # In its own process: the example widens torch's allow-list there (allow_in_this_process)
+    doc = Path(__file__).resolve().parents[2] / "docs" / "rollout.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), re.DOTALL)
+    (example,) = [b for b in blocks if "run.replay(" in b]
+    code = example.replace("/tmp/trajtrack-replay-demo", str(tmp_path / "run"))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(list((tmp_path / "run" / "rollout").glob("sample_0_*.pth"))) == 6
