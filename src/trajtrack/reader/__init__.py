@@ -7,6 +7,7 @@ Read the modules in this order::
     _dumps.py      DumpInfo, RunListing: what the reader knows about each dump
     _syncrun.py    SyncRun: the blocking facade (notebooks, scripts)
     _replay.py     Run.replay: a recorded run step by step, whole steps loaded ahead
+    _text.py       token ids as text (a tokenizer.json, verl's masks); _text_report.py: its HTML
     _safe_load.py  loading a dump safely: torch.load(weights_only=True), public API only
     _load_worker.py  ... in trajtrack's own process, for a dump that needs trajtrack's list
     _portable.py   ... and how that process hands the object back (torch's defaults load it)
@@ -52,6 +53,13 @@ from trajtrack.reader._safe_load import (
     load_dump_file,
 )
 from trajtrack.reader._syncrun import SyncRun
+from trajtrack.reader._text import (
+    TextRow,
+    TokenDifference,
+    load_tokenizer,
+    text_differences,
+    text_rows,
+)
 
 __all__ = [
     "Difference",
@@ -64,6 +72,8 @@ __all__ = [
     "RunDiff",
     "RunListing",
     "SyncRun",
+    "TextRow",
+    "TokenDifference",
     "Tolerance",
     "allow_in_this_process",
     "check_loadable",
@@ -77,11 +87,14 @@ __all__ = [
     "load_divergent_tensor",
     "load_dump_bytes",
     "load_dump_file",
+    "load_tokenizer",
     "matches",
     "open_run",
     "render_diff_report",
     "require_matplotlib",
     "render_dump_report",
+    "text_differences",
+    "text_rows",
     "write_atomically",
     "write_diff_report",
 ]
