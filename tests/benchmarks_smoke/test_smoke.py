@@ -193,7 +193,8 @@ def test_replay_benchmark_smoke_run(tmp_path: Path) -> None:
     done = run_benchmark(
         tmp_path, "bench_replay.py", "--steps", "2", "--samples", "6", "--repeat", "1"
     )
-    assert "replay / unsafe" in done.stdout
+    assert "replay / thread" in done.stdout
     result = json.loads((tmp_path / "results" / "replay.json").read_text())
     for layout in ("files", "shards"):
-        assert result[layout]["replay_s"] > 0 and result[layout]["baseline_s"] > 0
+        figures = result[layout]
+        assert min(figures["replay_s"], figures["replay_unsafe_s"], figures["baseline_s"]) > 0
