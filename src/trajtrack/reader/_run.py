@@ -243,7 +243,10 @@ class Run:
         Steps come in ascending numeric order, a step's dumps in ascending order of the
         pattern's other field; a step with a manifest (:func:`trajtrack.rollout.
         record_step_manifest`) yields the dumps it names, in its order. At most *prefetch* whole
-        steps load ahead of the consumer: memory holds at most ``prefetch + 1`` steps.
+        steps load ahead of the consumer: memory holds at most ``prefetch + 1`` steps. Rollout
+        records load in this process once a process you own calls
+        :func:`~trajtrack.reader.allow_in_this_process` (a trainer does); otherwise in
+        trajtrack's load worker, a process of its own, at a cost per record.
 
         Args:
             pattern: A dump-name template with a ``{step}`` field and at most one other
