@@ -180,7 +180,8 @@ class Replay:
         self._steps = None if steps is None else list(steps)
         self._manifest = manifest
         self._unsafe = unsafe
-        self._slots = anyio.Semaphore(prefetch)
+        self._prefetch = prefetch
+        self._slots: anyio.Semaphore | None = None
         self._plan: list[_Step] = []
         self._next = 0
         self._by_name: dict[str, DumpInfo] = {}
@@ -195,6 +196,7 @@ class Replay:
                 listing, self._pattern, steps=self._steps, manifest=self._manifest
             )
         ]
+        self._slots = anyio.Semaphore(self._prefetch)  # made on the loop that uses it
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._group.start_soon(self._launch, self._group)
@@ -224,7 +226,7 @@ class Replay:
         return self
 
     async def __anext__(self) -> tuple[int, list[Any]]:
-        if self._group is None:
+        if self._group is None or self._slots is None:
             raise TrackerStateError(
                 "iterate a replay inside its block: 'async with run.replay(pattern) as steps: "
                 "async for step, objects in steps: ...'"
@@ -242,6 +244,7 @@ class Replay:
         return slot.step, objects
 
     async def _launch(self, group: TaskGroup) -> None:
+        assert self._slots is not None
         for slot in self._plan:
             await self._slots.acquire()
             group.start_soon(self._load, slot)
