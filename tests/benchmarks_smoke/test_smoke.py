@@ -200,3 +200,14 @@ def test_hdfs_small_reads_benchmark_smoke_run(tmp_path: Path) -> None:
     assert counts["identical"]["equal"] == 80 and counts["different"]["different"] == 80
     assert counts["verify"] == {"ok": 80}
     assert result["dumps_per_run"] == 80
+
+
+def test_replay_benchmark_smoke_run(tmp_path: Path) -> None:
+    done = run_benchmark(
+        tmp_path, "bench_replay.py", "--steps", "2", "--samples", "6", "--repeat", "1"
+    )
+    assert "replay / thread" in done.stdout
+    result = json.loads((tmp_path / "results" / "replay.json").read_text())
+    for layout in ("files", "shards"):
+        figures = result[layout]
+        assert min(figures["replay_s"], figures["replay_unsafe_s"], figures["baseline_s"]) > 0

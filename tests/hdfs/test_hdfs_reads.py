@@ -43,3 +43,19 @@ async def test_a_sharded_run_on_hdfs_is_read_a_span_at_a_time(hdfs_url: str) -> 
         assert [f.problem for f in findings] == ["ok"] * 40
         assert len(storage.ranged) == 1  # verify's one batch of 40: one request
     await storage.aclose()
+
+
+@pytest.mark.parametrize("layout", ["files", "shards"])
+async def test_replay_from_hdfs_in_step_order(hdfs_url: str, layout: str) -> None:
+    url = f"{hdfs_url}/replay-{layout}"
+    async with trajtrack.Tracker(url, layout=layout) as tracker:  # type: ignore[arg-type]
+        for step in (10, 2, 1):  # completion order is not step order
+            for i in (10, 9):
+                await tracker.dump({"x": torch.full((4,), float(step * 100 + i))}, f"s{step}/x{i}")
+    seen = []
+    async with trajtrack.open_run(url) as run, run.replay("s{step}/x{i}") as steps:
+        async for step, objects in steps:
+            seen.append(step)
+            for i, obj in zip((9, 10), objects, strict=True):
+                assert torch.equal(obj["x"], torch.full((4,), float(step * 100 + i)))
+    assert seen == [1, 2, 10]

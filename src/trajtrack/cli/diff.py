@@ -15,6 +15,7 @@ from trajtrack.cli._common import (
     progress_callback,
     write_json,
 )
+from trajtrack.cli._text import add_text_options, diff_text, diff_text_lines, tokenizer_of
 from trajtrack.reader import (
     VOLATILE_KEYS,
     Difference,
@@ -26,6 +27,7 @@ from trajtrack.reader import (
     require_matplotlib,
     write_diff_report,
 )
+from trajtrack.reader._text_report import render_text_section
 
 __all__ = ["add_parser", "render", "run"]
 
@@ -110,6 +112,7 @@ def add_parser(commands: Any) -> None:
         "dump by dump, the differing dumps, a histogram of the first divergent tensor); "
         "needs pip install 'trajtrack[report]'",
     )
+    add_text_options(parser, rows=False)
     add_output_options(parser, progress=True)
     parser.set_defaults(handler=run)
 
@@ -118,6 +121,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     tolerance = Tolerance(rtol=args.rtol, atol=args.atol, equal_nan=not args.nan_unequal)
     if args.html:  # fail before a long diff, not after it (a file system look-up: off the loop)
         await anyio.to_thread.run_sync(require_matplotlib)
+    tokenizer = await tokenizer_of(args)  # a missing extra or file fails before the diff
     update, close = progress_callback(streams, "diff", quiet=args.quiet)
     async with (
         open_run(args.url_a, concurrency=args.concurrency) as run_a,
@@ -136,13 +140,35 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
             )
         finally:
             close()
+        texts = []
+        if tokenizer is not None:  # the rows of differing token tensors, as text
+            texts = await diff_text(
+                result,
+                run_a,
+                run_b,
+                tokenizer,
+                keys=args.text_keys,
+                unsafe=args.unsafe,
+                max_dumps=args.max_dumps,
+                max_rows=args.max_differences,
+            )
         if args.json:
-            write_json(streams, result.to_json())
+            extra = {"text": {n: [d.to_json() for d in ds] for n, ds in texts}} if texts else {}
+            write_json(streams, {**result.to_json(), **extra})
         else:
             for line in render(result, max_dumps=args.max_dumps, per_dump=args.max_differences):
                 streams.line(line)
+            for line in diff_text_lines(texts):
+                streams.line(line)
         if args.html:  # the runs are still open: the report reloads the first divergent pair
-            await write_diff_report(result, args.html, run_a=run_a, run_b=run_b, unsafe=args.unsafe)
+            await write_diff_report(
+                result,
+                args.html,
+                run_a=run_a,
+                run_b=run_b,
+                unsafe=args.unsafe,
+                text=render_text_section(texts) if texts else None,
+            )
             streams.note(f"trajtrack diff: HTML report written to {args.html}")
     return result.exit_code
 

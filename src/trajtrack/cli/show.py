@@ -21,6 +21,7 @@ from trajtrack.cli._common import (
     format_time,
     write_json,
 )
+from trajtrack.cli._text import add_text_options, show_text_lines, tokenizer_of
 from trajtrack.reader import (
     DumpInfo,
     open_run,
@@ -29,6 +30,7 @@ from trajtrack.reader import (
     write_atomically,
 )
 from trajtrack.reader._kinds import abbreviate, within_budget
+from trajtrack.reader._text import text_rows
 
 __all__ = ["add_parser", "describe", "run"]
 
@@ -69,6 +71,7 @@ def add_parser(commands: Any) -> None:
         help="also write a self-contained HTML page with a histogram of each tensor's values; "
         "needs pip install 'trajtrack[report]'",
     )
+    add_text_options(parser, rows=True)
     add_output_options(parser)
     parser.set_defaults(handler=run)
 
@@ -76,14 +79,23 @@ def add_parser(commands: Any) -> None:
 async def run(args: argparse.Namespace, streams: Streams) -> int:
     if args.html:  # fail before loading, not after (a file system look-up: off the loop)
         await anyio.to_thread.run_sync(require_matplotlib)
+    tokenizer = await tokenizer_of(args)  # a missing extra or file fails before loading
     async with open_run(args.url) as source:
         info = await source.info(args.name)
         obj = await source.load(info, unsafe=args.unsafe)
     tree = await anyio.to_thread.run_sync(describe, obj, args.max_items)
+    texts = None
+    if tokenizer is not None:
+        texts = await anyio.to_thread.run_sync(
+            lambda: text_rows(obj, tokenizer, keys=args.text_keys, rows=args.rows)
+        )
     if args.json:
-        write_json(streams, {"dump": info.to_json(), "structure": tree})
+        extra = {} if texts is None else {"text": [row.to_json() for row in texts]}
+        write_json(streams, {"dump": info.to_json(), "structure": tree, **extra})
     else:
         _print(streams, info, tree)
+        for line in [] if texts is None else show_text_lines(texts):
+            streams.line(line)
     if args.html:
         page = await anyio.to_thread.run_sync(lambda: render_dump_report(obj, info, url=args.url))
         await anyio.to_thread.run_sync(write_atomically, Path(args.html), page)

@@ -6,6 +6,8 @@ Read the modules in this order::
     _listing.py    the list of dumps: record segments + storage listing (+ shard headers)
     _dumps.py      DumpInfo, RunListing: what the reader knows about each dump
     _syncrun.py    SyncRun: the blocking facade (notebooks, scripts)
+    _replay.py     Run.replay: a recorded run step by step, whole steps loaded ahead
+    _text.py       token ids as text (a tokenizer.json, verl's masks); _text_report.py: its HTML
     _safe_load.py  loading a dump safely: torch.load(weights_only=True), public API only
     _load_worker.py  ... in trajtrack's own process, for a dump that needs trajtrack's list
     _portable.py   ... and how that process hands the object back (torch's defaults load it)
@@ -41,6 +43,7 @@ from trajtrack.reader._gather import gather_bounded, group_small
 from trajtrack.reader._html import write_atomically
 from trajtrack.reader._ignore import VOLATILE as VOLATILE_KEYS
 from trajtrack.reader._plots import require_matplotlib
+from trajtrack.reader._replay import Replay
 from trajtrack.reader._report import (
     DivergentTensor,
     load_divergent_tensor,
@@ -55,6 +58,13 @@ from trajtrack.reader._safe_load import (
     load_dump_file,
 )
 from trajtrack.reader._syncrun import SyncRun
+from trajtrack.reader._text import (
+    TextRow,
+    TokenDifference,
+    load_tokenizer,
+    text_differences,
+    text_rows,
+)
 
 __all__ = [
     "VOLATILE_KEYS",
@@ -64,10 +74,13 @@ __all__ = [
     "DumpComparison",
     "DumpInfo",
     "ExportResult",
+    "Replay",
     "Run",
     "RunDiff",
     "RunListing",
     "SyncRun",
+    "TextRow",
+    "TokenDifference",
     "Tolerance",
     "allow_in_this_process",
     "check_loadable",
@@ -81,11 +94,14 @@ __all__ = [
     "load_divergent_tensor",
     "load_dump_bytes",
     "load_dump_file",
+    "load_tokenizer",
     "matches",
     "open_run",
     "render_diff_report",
     "require_matplotlib",
     "render_dump_report",
+    "text_differences",
+    "text_rows",
     "write_atomically",
     "write_diff_report",
 ]

@@ -125,6 +125,7 @@ async def write_diff_report(
     run_b: Run,
     unsafe: bool = False,
     max_dumps: int = 200,
+    text: str | None = None,
 ) -> None:
     """Write the HTML report of *result* to *path* (replaced atomically).
 
@@ -138,6 +139,7 @@ async def write_diff_report(
         run_b: Run B, open.
         unsafe: Allow a full unpickle when reloading (as for the diff itself).
         max_dumps: Differing dumps listed in the table.
+        text: A section of token text (``diff --tokenizer``), already HTML.
 
     Raises:
         MissingDependencyError: matplotlib is not installed (``trajtrack[report]``).
@@ -154,7 +156,7 @@ async def write_diff_report(
         if divergent is None and first_divergent_value(result) is not None:
             note = "The differing tensor was not found again in the reloaded dumps."
     page = await anyio.to_thread.run_sync(
-        lambda: render_diff_report(result, divergent, max_dumps=max_dumps, note=note)
+        lambda: render_diff_report(result, divergent, max_dumps=max_dumps, note=note, text=text)
     )
     await anyio.to_thread.run_sync(write_atomically, Path(path), page)
 
@@ -165,6 +167,7 @@ def render_diff_report(
     *,
     max_dumps: int = 200,
     note: str | None = None,
+    text: str | None = None,
 ) -> str:
     """The HTML page of a diff (blocking: matplotlib draws the plots).
 
@@ -173,6 +176,7 @@ def render_diff_report(
         divergent: The first divergent tensor's differences, for the histogram.
         max_dumps: Differing dumps listed in the table (the plot shows every dump).
         note: Shown in place of the histogram when *divergent* is ``None``.
+        text: A section of token text (``diff --tokenizer``), already HTML.
 
     Raises:
         MissingDependencyError: matplotlib is not installed (``trajtrack[report]``).
@@ -182,12 +186,14 @@ def render_diff_report(
 
     first = result.first_divergence()
     verdict, verdict_class = _verdict(result)
-    sections = (
+    sections: tuple[tuple[str, str, str], ...] = (
         ("summary", "Summary", _summary(result, first)),
         ("plot", "How far apart the runs are, dump by dump", _plot(result, first)),
         ("histogram", "First divergent tensor", _histogram(result, divergent, note)),
         ("differing", "Differing dumps", _table(result, max_dumps)),
     )
+    if text is not None:
+        sections = (*sections, ("text", "Token text of the differing rows", text))
     return page(
         title=f"trajtrack diff: {result.url_a} vs {result.url_b}",
         heading="trajtrack diff",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import builtins
 import functools
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -32,7 +32,9 @@ from trajtrack.reader._dumps import DumpInfo, RunListing, matches
 from trajtrack.reader._files import LocalFile, inside_run, local_file
 from trajtrack.reader._listing import scan_run
 from trajtrack.reader._local_reads import LocalReader, read_local
+from trajtrack.reader._replay import Replay
 from trajtrack.reader._safe_load import load_dump_bytes, load_dump_file
+from trajtrack.rollout._manifest import STEP_MANIFEST
 
 __all__ = ["DEFAULT_CONCURRENCY", "Run", "open_run"]
 
@@ -225,6 +227,42 @@ class Run:
 
     def __aiter__(self) -> AsyncIterator[tuple[DumpInfo, Any]]:
         return self.iter_loaded()
+
+    def replay(
+        self,
+        pattern: str,
+        *,
+        steps: Iterable[int] | None = None,
+        prefetch: int = 2,
+        manifest: str | None = STEP_MANIFEST,
+        unsafe: bool = False,
+    ) -> Replay:
+        """The run's steps, loaded ahead: ``async with run.replay("step{step}/sample{i}") as
+        steps: async for step, objects in steps: ...``.
+
+        Steps come in ascending numeric order, a step's dumps in ascending order of the
+        pattern's other field; a step with a manifest (:func:`trajtrack.rollout.
+        record_step_manifest`) yields the dumps it names, in its order. At most *prefetch* whole
+        steps load ahead of the consumer: memory holds at most ``prefetch + 1`` steps. Rollout
+        records load in this process once a process you own calls
+        :func:`~trajtrack.reader.allow_in_this_process` (a trainer does); otherwise in
+        trajtrack's load worker, a process of its own, at a cost per record.
+
+        Args:
+            pattern: A dump-name template with a ``{step}`` field and at most one other
+                integer field.
+            steps: Only these steps (each must exist); all by default.
+            prefetch: Steps loading or loaded ahead of the one the consumer holds (>= 1).
+            manifest: The template step manifests are dumped under; ``None`` ignores them.
+            unsafe: Allow a full unpickle (runs code from the dumps; logs a warning).
+
+        Raises:
+            ConfigurationError: A bad pattern or *prefetch* (at once).
+            StorageNotFoundError: A step in *steps* has no dumps (on entering the block).
+        """
+        return Replay(
+            self, pattern, steps=steps, prefetch=prefetch, manifest=manifest, unsafe=unsafe
+        )
 
     # ------------------------------------------------------------------ lifecycle
 

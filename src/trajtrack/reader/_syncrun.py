@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from trajtrack.reader._dumps import DumpInfo, RunListing
+from trajtrack.reader._replay import Replay
 from trajtrack.reader._run import Run
+from trajtrack.rollout._manifest import STEP_MANIFEST
 
 __all__ = ["SyncRun"]
 
@@ -66,6 +68,35 @@ class SyncRun:
         """See :meth:`Run.load`."""
         return self._portal.call(lambda: self._run.load(name, unsafe=unsafe))
 
+    def replay(
+        self,
+        pattern: str,
+        *,
+        steps: Iterable[int] | None = None,
+        prefetch: int = 2,
+        manifest: str | None = STEP_MANIFEST,
+        unsafe: bool = False,
+    ) -> Iterator[tuple[int, builtins.list[Any]]]:
+        """See :meth:`Run.replay`: ``for step, objects in run.replay("step{step}/sample{i}")``.
+
+        The loads ahead stop when the loop ends or is left (``break`` closes the generator).
+        """
+        replay = self._run.replay(  # a bad pattern fails here, not at the first step
+            pattern, steps=steps, prefetch=prefetch, manifest=manifest, unsafe=unsafe
+        )
+        return self._replayed(replay)
+
+    def _replayed(self, replay: Replay) -> Iterator[tuple[int, builtins.list[Any]]]:
+        block = self._portal.wrap_async_context_manager(replay)
+        entered = block.__enter__()
+        try:
+            while (item := self._portal.call(_next_step, entered)) is not None:
+                yield item
+        finally:
+            # Not 'with': a GeneratorExit (a loop left early) must not reach the portal's loop;
+            # the block ends as if it ran out (a load error has been raised to the caller).
+            block.__exit__(None, None, None)
+
     def __iter__(self) -> Iterator[tuple[DumpInfo, Any]]:
         for info in self.list():
             if info.present:
@@ -88,6 +119,13 @@ class SyncRun:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+async def _next_step(replay: Replay) -> tuple[int, builtins.list[Any]] | None:
+    try:
+        return await replay.__anext__()
+    except StopAsyncIteration:
+        return None
 
 
 async def _make_run(url: str, options: dict[str, Any]) -> Run:

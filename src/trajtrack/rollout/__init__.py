@@ -28,6 +28,7 @@ from ._errors import (
     BatchSizeError,
     BatchTypeError,
 )
+from ._manifest import STEP_MANIFEST, record_step_manifest, step_manifest
 from ._metrics import MetricsAggregator
 from ._prepare import (
     MULTI_TURN_AGENT,
@@ -46,6 +47,7 @@ __all__ = [
     "NO_AGENT_NAME",
     "SAFE_GLOBALS",
     "SINGLE_TURN_AGENT",
+    "STEP_MANIFEST",
     "VERL_091_SINGLE_TURN_AGENT",
     "Aggregation",
     "AggregationRules",
@@ -64,5 +66,7 @@ __all__ = [
     "assemble_batch_from_rollout_samples",
     "compute_response_mask",
     "prepare_single_generation_data",
+    "record_step_manifest",
+    "step_manifest",
     "to_object_array",
 ]
