@@ -131,21 +131,21 @@ def test_concurrent_loads_refuse_the_malicious_dump_and_load_the_others(
 def test_the_allow_list_is_unchanged_during_a_load(
     monkeypatch: pytest.MonkeyPatch, allow_list_watch: list[list[str]]
 ) -> None:
-    # Seen from inside the load: RolloutBatch.__setstate__ runs while the object is built.
+    # Seen from inside the load: a RolloutBatch checks itself while the object is built.
     during: list[list[str]] = []
-    original = RolloutBatch.__setstate__
+    original = RolloutBatch.check_consistency
 
-    def hook(self: RolloutBatch, state: Any) -> None:
+    def hook(self: RolloutBatch) -> None:
         during.append(names(torch.serialization.get_safe_globals()))
-        original(self, state)
+        original(self)
 
-    monkeypatch.setattr(RolloutBatch, "__setstate__", hook)
+    monkeypatch.setattr(RolloutBatch, "check_consistency", hook)
     before = names(torch.serialization.get_safe_globals())
     data = saved(sample(3))
     assert_same(load_dump_bytes(data), sample(3))
     assert during and all(seen == before for seen in during)
     # ... and torch.load elsewhere in the process still refuses trajtrack's types.
-    with pytest.raises(Exception, match="RolloutSample"):
+    with pytest.raises(Exception, match="rebuild_sample"):
         torch.load(io.BytesIO(data), weights_only=True)
 
 

@@ -153,9 +153,12 @@ def _check_records(
 
 
 def check_opcodes(pickled: bytes, names: list[bytes] | None = None) -> None:
-    """Decline a pickle with an opcode torch's weights-only unpickler does not implement, or
-    a memo index beyond its length: the C unpickler sizes its memo by the largest index, so
-    one ``LONG_BINPUT`` could make it allocate gigabytes (torch's keeps a dict).
+    """Decline a pickle the fast loader does not unpickle: an opcode torch's weights-only
+    unpickler does not implement, a ``BUILD`` (it sets attributes of whatever it is given, a
+    global of the loader's table included, and ``torch.save`` writes none for plain tensor
+    data: such a pickle is torch's to load), or a memo index beyond its length (the C
+    unpickler sizes its memo by the largest index, so one ``LONG_BINPUT`` could make it
+    allocate gigabytes; torch's keeps a dict).
 
     *names*: where to collect the argument of each ``GLOBAL`` (``b"module\\nname\\n"``), the
     only opcode of the set that names a global.
@@ -167,18 +170,23 @@ def check_opcodes(pickled: bytes, names: list[bytes] | None = None) -> None:
     found = _SKELETONS.match(pickled)
     if found is None:
         kept = None if _SKELETONS.full else bytearray(len(pickled))
-        found = scan_opcodes(pickled, kept)
+        builds: list[int] = []
+        found = (scan_opcodes(pickled, kept, builds), bool(builds))
         if kept is not None:
             _SKELETONS.add(pickled, kept, found)
+    if found[1]:
+        raise Declined
     if names is not None:
-        names.extend(found)
+        names.extend(found[0])
 
 
-def scan_opcodes(pickled: bytes, kept: bytearray | memoryview | None) -> tuple[bytes, ...]:
-    """The ``GLOBAL`` arguments of *pickled* (declined as :func:`check_opcodes` says); in
-    *kept* (if given: zeros, as long as *pickled*), 255 for each byte the walk depends on:
-    every opcode, length prefix, ``GLOBAL`` argument and memo index, not the numbers and the
-    strings' contents it skips. :func:`check_opcodes` without its memo."""
+def scan_opcodes(
+    pickled: bytes, kept: bytearray | memoryview | None, builds: list[int] | None = None
+) -> tuple[bytes, ...]:
+    """The ``GLOBAL`` arguments of *pickled* (declined as :func:`check_opcodes` says, but for
+    ``BUILD``: where each one is goes to *builds*, if given); in *kept* (if given: zeros, as
+    long as *pickled*), 255 for each byte the walk depends on: every opcode, length prefix,
+    ``GLOBAL`` argument and memo index, not the numbers and the strings' contents it skips."""
     size = len(pickled)
     names: list[bytes] = []
     at = 0
@@ -196,6 +204,8 @@ def scan_opcodes(pickled: bytes, kept: bytearray | memoryview | None) -> tuple[b
         if arg == _NO_ARG:
             if opcode == _STOP:
                 return tuple(names)
+            if opcode == _BUILD and builds is not None:
+                builds.append(at - 1)
         elif arg == _LINES:  # GLOBAL: module and name, each up to a newline
             end = pickled.index(b"\n", pickled.index(b"\n", at) + 1) + 1
             names.append(pickled[at:end])
@@ -218,8 +228,8 @@ def scan_opcodes(pickled: bytes, kept: bytearray | memoryview | None) -> tuple[b
 
 _ALL_KEPT: Final = bytes([KEPT])
 
-_SKELETONS: Final[Remembered[tuple[bytes, ...]]] = Remembered()
-"""The scan's verdicts (the names of the globals), by the bytes the walk looked at: a pickle of
+_SKELETONS: Final[Remembered[tuple[tuple[bytes, ...], bool]]] = Remembered()
+"""The scan's verdicts (the names of the globals, whether there is a ``BUILD``), by the bytes the walk looked at: a pickle of
 the same length equal to a scanned one in every opcode, length prefix, ``GLOBAL`` line and memo
 index is walked the same way; what differs (a number, a string's contents) is skipped unread."""
 
@@ -349,6 +359,7 @@ def member(
 _NO_ARG: Final = 0
 _LINES: Final = 100
 _STOP: Final = pickle.STOP[0]
+_BUILD: Final = pickle.BUILD[0]
 _ARGS: Final[dict[int, int]] = {
     **dict.fromkeys(
         (

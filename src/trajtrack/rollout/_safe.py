@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ._batch import RolloutBatch
+from ._pickling import REBUILDS
 from ._samples import RolloutSample, ValidateMetrics
 
 __all__ = ["SAFE_GLOBALS"]
@@ -37,6 +38,7 @@ SAFE_GLOBALS: tuple[Any, ...] = (
     RolloutSample,
     ValidateMetrics,
     RolloutBatch,
+    *REBUILDS,
     *_numpy_globals(),
 )
 """Globals to allow-list before ``torch.load(path, weights_only=True)`` of rollout records.
