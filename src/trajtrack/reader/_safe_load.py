@@ -32,9 +32,11 @@ import logging
 import os
 import pickle
 import re
+import stat
 import threading
+import zipfile
 from functools import lru_cache
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -79,12 +81,31 @@ _UNRESTRICTED = {
 def allowed_globals() -> tuple[Any, ...]:
     """The globals trajtrack allow-lists on top of PyTorch's own weights-only set."""
     extra: list[Any] = [collections.OrderedDict, collections.Counter]
+    standins = _standins()
+    if standins is not None:  # stand-ins under foreign names: (obj, "module.Name") pairs
+        extra.extend(standins.STANDIN_GLOBALS)
     try:
         from trajtrack.rollout import SAFE_GLOBALS
     except ImportError:  # pragma: no cover - the rollout layer ships with trajtrack
         logger.debug("trajtrack.rollout is not importable; loading without its allow-list")
         return tuple(extra)
     return (*SAFE_GLOBALS, *extra)
+
+
+@lru_cache(maxsize=1)
+def _standins() -> Any:
+    """The verl stand-ins module, where this trajtrack has one (``None`` otherwise)."""
+    try:
+        from trajtrack.reader import _standins  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return None
+    return _standins
+
+
+def _finished(obj: Any) -> Any:
+    """*obj* with the stand-ins' results turned into their final objects (if any)."""
+    standins = _standins()
+    return obj if standins is None else standins.finish(obj)
 
 
 @lru_cache(maxsize=1)
@@ -122,7 +143,7 @@ def load_dump_bytes(data: bytes, *, unsafe: bool = False, where: str = "dump") -
     """
     if unsafe:
         return _unsafe_load(data, where)
-    return _safe_load(data, where)
+    return _finished(_safe_load(data, where))
 
 
 def load_dump_file(
@@ -130,7 +151,8 @@ def load_dump_file(
 ) -> Any:
     """Deserialize one dump file from the local filesystem, as :func:`load_dump_bytes` does.
 
-    torch reads the file itself: no intermediate copy of its bytes.
+    A file of up to 64 MiB is read and loaded from its bytes (as :func:`load_dump_bytes`),
+    a bigger one is read by torch itself.
 
     Args:
         path: The file.
@@ -150,7 +172,24 @@ def load_dump_file(
     where = where or name
     if unsafe:
         return _unsafe_load(name, where)
-    return _safe_load(name, where)
+    data = _small_file(name)  # read here: the fast path takes bytes
+    return _finished(_safe_load(name if data is None else data, where))
+
+
+_READ_WHOLE: Final = 64 << 20
+"""Dumps up to this size are read into memory and loaded from their bytes (the fast path's
+input); bigger ones, and what is not a regular file, are opened by torch itself."""
+
+
+def _small_file(name: str) -> bytes | None:
+    """The bytes of regular file *name* if it has at most :data:`_READ_WHOLE` of them."""
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO: no wait here
+    with open(fd, "rb", closefd=True) as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _READ_WHOLE:
+            return None
+        data = file.read(_READ_WHOLE + 1)
+    return data if len(data) <= _READ_WHOLE else None
 
 
 def check_loadable(
@@ -215,6 +254,8 @@ def _safe_load(source: bytes | str, where: str) -> Any:
         refusal = exc
     except _CANNOT_OPEN:
         raise  # the file could not be opened: the caller's error, not the dump's
+    except DumpLoadError as exc:  # refused before torch saw it
+        raise DumpLoadError(f"{where}: {exc}") from None
     except Exception as exc:  # RuntimeError, EOFError, OSError(EINVAL)... on bad bytes
         raise DumpLoadError(f"{where}: cannot be loaded: {first_line(exc)}") from exc
     needed = refused_globals(_file(source), str(refusal))
@@ -240,6 +281,7 @@ def restricted_load(source: Any) -> Any:
         loaded = fast_load(source)  # plain tensor data, without torch.load's per-call cost
         if loaded is not DECLINED:
             return loaded
+    _refuse_directory_records(source)
     file = _file(source) if isinstance(source, bytes) else source
     if not sparse_checks_enabled():
         return torch.load(file, map_location="cpu", weights_only=True, mmap=False)
@@ -249,6 +291,35 @@ def restricted_load(source: Any) -> Any:
         except BaseException:
             _empty_sparse_validation_list()
             raise
+
+
+def _refuse_directory_records(source: Any) -> None:
+    """Refuse a zip archive with a record marked as a directory (name or DOS attribute).
+
+    torch's zip reader (miniz) takes such a record for a directory and extracts nothing into
+    the buffer it allocated for it: ``torch.load`` returns a tensor of uninitialized memory
+    (what the process freed before). So such an archive never reaches torch. Not a zip
+    archive: torch decides (its legacy format, or its own error).
+
+    Raises:
+        DumpLoadError: A record is marked as a directory.
+    """
+    if not isinstance(source, (bytes, str)):
+        return  # a file object: the worker's reply, which torch.save wrote
+    try:
+        with zipfile.ZipFile(_file(source)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return
+    for entry in entries:
+        if entry.filename.endswith("/") or entry.external_attr & _DOS_DIRECTORY:
+            raise DumpLoadError(
+                f"cannot be loaded: its record {entry.filename!r} is marked as a directory "
+                "(torch would return uninitialized memory for it)"
+            )
+
+
+_DOS_DIRECTORY: Final = 0x10
 
 
 def _empty_sparse_validation_list() -> None:
