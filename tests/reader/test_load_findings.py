@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from tests.reader.test_fast_load import _replace_pickle, _with_external_attributes, saved
+
 from trajtrack import DumpLoadError, UnsafeLoadError
 from trajtrack.reader._archive_diff import compare_archives
 from trajtrack.reader._compare import Tolerance
@@ -55,7 +55,9 @@ def pid(numel: int, key: str = "0", storage: str = "FloatStorage") -> bytes:
     return P.MARK + parts + P.TUPLE + P.BINPERSID
 
 
-def tensor(storage: bytes, size: tuple[int, ...], stride: tuple[int, ...], offset: int = 0) -> bytes:
+def tensor(
+    storage: bytes, size: tuple[int, ...], stride: tuple[int, ...], offset: int = 0
+) -> bytes:
     """``_rebuild_tensor_v2(storage, offset, size, stride, False, OrderedDict())``."""
     hooks = glob("collections", "OrderedDict") + P.EMPTY_TUPLE + P.REDUCE
     args = storage + num(offset) + ints(size) + ints(stride) + P.NEWFALSE + hooks
@@ -162,7 +164,9 @@ def test_a_bare_global_loads_as_torch_loads_it(module: str, name: str) -> None:
 def test_an_unreachable_tensor_is_still_validated() -> None:
     # The first value of "t" is a tensor past its storage's end, replaced before the end.
     bad = tensor(pid(4), (100,), (1,))
-    hostile = archive(pk(P.EMPTY_DICT + text("t") + bad + P.SETITEM + text("t") + num(1) + P.SETITEM))
+    hostile = archive(
+        pk(P.EMPTY_DICT + text("t") + bad + P.SETITEM + text("t") + num(1) + P.SETITEM)
+    )
     assert isinstance(assert_torchs_decision(hostile), Refused)
 
 

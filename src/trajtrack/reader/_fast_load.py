@@ -295,7 +295,9 @@ class _Unpickler(pickle.Unpickler):
             return known
         length = numel * itemsize
         start = storage_start(self.data, self.records, key, length)
-        record = StorageRecord(key, kind.dtype, start, length, (tag, kind.cls, key, location, numel))
+        record = StorageRecord(
+            key, kind.dtype, start, length, (tag, kind.cls, key, location, numel)
+        )
         self.storages[key] = record
         return record
 
@@ -369,7 +371,7 @@ def _tensor_args(
         raise Declined
     if offset < 0 or min(size, default=0) < 0 or min(stride, default=0) < 0:
         raise Declined
-    last = 0 if 0 in size else 1 + sum((n - 1) * step for n, step in zip(size, stride))
+    last = 0 if 0 in size else 1 + sum((n - 1) * step for n, step in zip(size, stride, strict=True))
     if (offset + last) * dtype.itemsize > record.length:
         raise Declined  # torch refuses it (its storages are not resizable): its message
     return record, dtype, (offset, size, stride, requires_grad)

@@ -1,26 +1,32 @@
-"""Safe loading of dumps: ``torch.load(weights_only=True)``, torch's public API only.
+"""Safe loading of dumps: one loader on the boundary, torch's decision, torch's public API only.
 
 A dump directory is untrusted input: unpickling runs whatever code the pickle names. Dumps load
 with PyTorch's restricted unpickler, which only builds tensors, containers, scalars and the
 globals allow-listed for it, and nothing here touches torch's internals. trajtrack's own
 allow-list (:func:`allowed_globals`: the rollout layer's :data:`trajtrack.rollout.SAFE_GLOBALS`
-— ``RolloutSample``, ``RolloutBatch``, ``ValidateMetrics`` and the numpy types they need — plus
-``OrderedDict`` and ``Counter``) is never added to the caller's process-wide list behind its back:
+— ``RolloutSample``, ``RolloutBatch``, ``ValidateMetrics``, their rebuild functions and the
+numpy types older dumps of them need — plus ``OrderedDict`` and ``Counter``, and verl's
+stand-ins where this trajtrack has them) is never added to the caller's process-wide list
+behind its back. One route, in this order:
 
-1. Every load first runs ``torch.load(weights_only=True)`` with the process's own allow-list
-   (torch's defaults and whatever the process added itself). Plain tensor data needs no more.
-   Bytes of plain tensor data (tensors in containers and scalars, nothing torch's defaults do
-   not allow) skip torch.load's per-call cost: :mod:`trajtrack.reader._fast_load` builds the
-   same objects with Python's documented restricted unpickler, and declines everything else.
-2. If that refuses a global, the dump's pickle is scanned statically
+1. The bytes of a torch archive go to the fast path (:mod:`trajtrack.reader._fast_load`): it
+   builds what it can prove torch would build the same way — plain tensor data, and
+   trajtrack's own records, which pickle as one call of an allow-listed rebuild over plain
+   data — and declines everything else. Local files of up to 64 MiB are read and go this way.
+2. ``torch.load(weights_only=True)`` with the process's own allow-list (torch's defaults and
+   whatever the process added itself), after refusing an archive with a record marked as a
+   directory (torch returns uninitialized memory for it).
+3. If that refuses a global, the dump's pickle is scanned statically
    (``torch.serialization.get_unsafe_globals_in_checkpoint``; nothing is run). A global
    outside trajtrack's list: :class:`~trajtrack.UnsafeLoadError`, naming it.
-3. Only trajtrack's list is missing: the dump is loaded by trajtrack's worker process, which
-   has that list (:mod:`trajtrack.reader._load_worker`), and comes back through
-   ``torch.load(weights_only=True)`` with torch's defaults.
+4. Only trajtrack's list is missing (older rollout records with numpy arrays, a ``Counter``):
+   the dump is loaded by trajtrack's worker process, which has that list
+   (:mod:`trajtrack.reader._load_worker`). It stays because torch's allow-list is
+   process-wide (``safe_globals()`` too, while entered, for every thread): there is no public
+   way to widen it for one load only.
 
 A process that may widen its own list (the ``trajtrack`` command) calls
-:func:`allow_in_this_process` once; step 1 then loads everything in the process, in parallel
+:func:`allow_in_this_process` once; step 2 then loads everything in the process, in parallel
 threads, with no lock. ``unsafe=True`` does a full unpickle, with a logged warning.
 """
 

@@ -229,9 +229,10 @@ def scan_opcodes(
 _ALL_KEPT: Final = bytes([KEPT])
 
 _SKELETONS: Final[Remembered[tuple[tuple[bytes, ...], bool]]] = Remembered()
-"""The scan's verdicts (the names of the globals, whether there is a ``BUILD``), by the bytes the walk looked at: a pickle of
-the same length equal to a scanned one in every opcode, length prefix, ``GLOBAL`` line and memo
-index is walked the same way; what differs (a number, a string's contents) is skipped unread."""
+"""The scan's verdicts (the names of the globals, whether there is a ``BUILD``), by the bytes
+the walk looked at: a pickle of the same length equal to a scanned one in every opcode, length
+prefix, ``GLOBAL`` line and memo index is walked the same way; what differs (a number, a
+string's contents) is skipped unread."""
 
 
 def _records(data: bytes, kept: bytearray | None) -> tuple[dict[str, tuple[int, int]], int]:

@@ -19,7 +19,7 @@ torch with the allow-list.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -75,7 +75,10 @@ REBUILDS: tuple[Any, ...] = (rebuild_sample, rebuild_metrics, rebuild_batch)
 """The functions a pickled record calls (allow-listed for torch's weights-only load)."""
 
 
-def _with_state(cls: type[Any], state: Any) -> Any:
+R = TypeVar("R", RolloutSample, ValidateMetrics)
+
+
+def _with_state(cls: type[R], state: Any) -> R:
     if type(state) is not dict or not all(type(key) is str for key in state):
         raise BatchTypeError(f"a pickled {cls.__name__} needs a dict of attributes")
     obj = object.__new__(cls)
