@@ -402,6 +402,10 @@ class _Repickler(pickle.Pickler):
         made = self.made.get(id(obj))
         if made is not None:
             return made[0], made[1]
+        if type(obj) is OrderedDict:
+            # What OrderedDict.__reduce__ gives one without attributes (no BUILD: none has
+            # any here), without its per-call lookup of slot names (every tensor has one).
+            return OrderedDict, (), None, None, iter(obj.items())
         if type(obj) in _NEVER_PICKLED:
             raise Declined  # something of this module's own, left where the pickle put it
         return NotImplemented
