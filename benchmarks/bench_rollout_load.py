@@ -42,7 +42,7 @@ from trajtrack.reader import load_dump_bytes
 from trajtrack.rollout import RolloutBatch, RolloutSample
 
 
-def verl_sample(i: int, n: int = 4, prompt: int = 64, response: int = 128) -> RolloutSample:
+def verl_sample(i: int, n: int = 4, prompt: int = 32, response: int = 48) -> RolloutSample:
     """One prompt's rollout, shaped as verl's fully-async rollouter hands it to the trainer."""
     g = torch.Generator().manual_seed(i)
     length = prompt + response
