@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -171,8 +172,20 @@ def test_an_unreachable_tensor_is_still_validated() -> None:
 
 
 def test_an_empty_storage_record_with_a_size_gives_no_freed_memory() -> None:
-    empty = saved(torch.zeros(0))  # its record data/0 holds no bytes
-    hostile = archive(pk(tensor(pid(0), (1024,), (1,))), empty)
+    # Written by a real pickler, as torch.save writes (so only the geometry is wrong): a
+    # tensor of 1,024 floats over the empty record data/0.
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            return ("storage", torch.FloatStorage, "0", "cpu", 0) if obj == "S" else None
+
+    class Call:
+        def __reduce__(self) -> tuple[Any, ...]:
+            rebuild = torch.ones(1).__reduce_ex__(2)[0]
+            return (rebuild, ("S", 0, (1024,), (1,), False, OrderedDict()))
+
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=2).dump(Call())
+    hostile = archive(buffer.getvalue(), saved(torch.zeros(0)))  # data/0 holds no bytes
     assert fast_load(hostile) is DECLINED
     assert isinstance(assert_torchs_decision(hostile), Refused)
 

@@ -29,7 +29,11 @@ of torch's loader, never a second opinion. How it knows, with public, documented
   emits: torch's unpickler executes the same calls on the same arguments. Everything else
   (an item assignment into a list, a bare persistent id, a global stored as a value where
   torch refuses it, a tensor built and dropped, shared references a pickler would not write)
-  differs from its re-pickling and is declined.
+  differs from its re-pickling and is declined. Which operations the two unpicklers perform,
+  on which types, depends only on the pickle's *skeleton* (its opcodes, memo indices, lengths
+  and ``GLOBAL`` lines; :class:`~trajtrack.reader._torch_archive.Skeleton`), not on its
+  numbers and strings, which both decode alike: so a pickle of a skeleton already found
+  canonical needs no re-pickling (a run's dumps mostly share a few skeletons).
 * **Every storage reference is a call's argument**: each persistent id the pickle loads is
   consumed by exactly one tensor rebuild (a canonical pickle never memoizes one).
 
@@ -154,7 +158,7 @@ def unpickled(data: bytes, *, build: bool = False) -> Unpickled:
             inert :class:`TensorRef` (no memory of its own) and records are declined.
     """
     pickled, records = archive_data_pickle(data)
-    check_opcodes(pickled)
+    skeleton = check_opcodes(pickled)
     unpickler = _Unpickler(io.BytesIO(pickled))
     unpickler.data, unpickler.records, unpickler.build = data, records, build
     unpickler.storages, unpickler.made, unpickler.storage_loads = {}, {}, 0
@@ -163,8 +167,10 @@ def unpickled(data: bytes, *, build: bool = False) -> Unpickled:
     tensors = sum(1 for fn, _, _ in unpickler.made.values() if fn in _TENSOR_REBUILDS)
     if tensors != unpickler.storage_loads:
         raise Declined  # a storage loaded and not given to exactly one tensor
-    if _repickled(obj, unpickler.made) != pickled:
-        raise Declined  # not what a pickler writes for what was built: torch decides
+    if not skeleton.canonical:
+        if _repickled(obj, unpickler.made) != pickled:
+            raise Declined  # not what a pickler writes for what was built: torch decides
+        skeleton.canonical = True  # for every pickle of this skeleton (see the module)
     return Unpickled(obj, pickled, tensors, unpickler.storages)
 
 
