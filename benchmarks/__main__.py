@@ -148,6 +148,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ("diff --html report on top of the diff", _get(report, "overhead"), 0.1, "<="),
         (
             "safe load of rollout records vs unrestricted",
+            _get(rollout_load, "safe_vs_unrestricted"),
+            1.5,
+            "<=",
+        ),
+        (
+            "SyncRun.load of rollout records vs torch.load(path)",
             _get(rollout_load, "syncrun_vs_unrestricted"),
             1.5,
             "<=",

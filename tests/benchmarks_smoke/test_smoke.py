@@ -75,6 +75,7 @@ def test_rollout_load_benchmark_quick_smoke_run(tmp_path: Path) -> None:
     assert set(result["seconds"]) == {
         "torch.load(weights_only=False)",
         "load_dump_bytes",
+        "torch.load(path, weights_only=False)",
         "SyncRun.load",
     }
     assert result["safe_vs_unrestricted"] > 0
