@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tests.reader.test_fast_load import rezipped, saved
+from tests.reader.test_fast_load import assert_identical, rezipped, saved
 
 from trajtrack import DumpLoadError, UnsafeLoadError
 from trajtrack.reader._archive_diff import compare_archives
@@ -76,12 +76,7 @@ def assert_same(got: Any, want: Any, shared: dict[int, int], where: str = "") ->
     """Same types and values all the way down (tensors bit for bit, with torch's sharing)."""
     assert type(got) is type(want), f"{where}: {type(got)} vs {type(want)}"
     if isinstance(want, torch.Tensor):
-        assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
-        assert got.storage_offset() == want.storage_offset(), where
-        assert got.requires_grad == want.requires_grad, where
-        assert bytes(got.untyped_storage()) == bytes(want.untyped_storage()), where
-        mine, theirs = got.untyped_storage().data_ptr(), want.untyped_storage().data_ptr()
-        assert shared.setdefault(theirs, mine) == mine, f"{where}: storage sharing"
+        assert_identical(got, want, shared, where)  # every attribute, bits and sharing
     elif isinstance(want, dict):
         assert list(got) == list(want), where
         for key in want:
