@@ -276,15 +276,18 @@ def _safe_load(source: bytes | str, where: str) -> Any:
 def restricted_load(source: Any) -> Any:
     """``torch.load(source, weights_only=True)`` onto the CPU, with the process's allow-list.
 
-    *source* is bytes, a path or a binary file. Bytes of plain tensor data are loaded by
-    :func:`~trajtrack.reader._fast_load.fast_load` (the same objects, a fraction of the
-    cost); what it declines, by torch. While torch checks sparse tensors as it loads
-    them, loads run one at a time: torch validates them at the end of a load from one
-    process-wide list, which every load empties, and which a load that fails half-way
-    leaves filled (the next load would validate, and blame, the failed dump's tensors).
+    *source* is bytes, a path or a binary file. Bytes go first to
+    :func:`~trajtrack.reader._fast_load.fast_load`, which loads what it proves torch would
+    load the same way (plain tensor data, and trajtrack's records as if trajtrack's
+    allow-list were added); what it declines goes to torch, unless a record of the archive is
+    marked as a directory (refused: :class:`DumpLoadError`). While torch checks sparse
+    tensors as it loads them, loads run one at a time: torch validates them at the end of a
+    load from one process-wide list, which every load empties, and which a load that fails
+    half-way leaves filled (the next load would validate, and blame, the failed dump's
+    tensors).
     """
     if isinstance(source, bytes):
-        loaded = fast_load(source)  # plain tensor data, without torch.load's per-call cost
+        loaded = fast_load(source)  # without torch.load's pure-Python unpickler
         if loaded is not DECLINED:
             return loaded
     _refuse_directory_records(source)
