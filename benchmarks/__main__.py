@@ -14,7 +14,9 @@ Scenarios (each module's docstring says exactly what it measures):
    actor — ``bench_scale``;
 6. offline ``diff`` against the storage's read bandwidth — ``bench_diff``;
 7. the HTML report of a diff against the diff itself — ``bench_report``;
-8. ``Run.replay`` of a recorded run against one thread's unsafe loads — ``bench_replay``.
+8. ``Run.replay`` of a recorded run against one thread's unsafe loads — ``bench_replay``;
+9. safe loading of a step of rollout records against an unrestricted ``torch.load`` —
+   ``bench_rollout_load``.
 
 Each runs in its own process, one after another on the same machine; their JSON results are
 merged into ``benchmarks/results/latest.json`` (``latest-quick.json`` with ``--quick``) and the
@@ -33,7 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-SCENARIOS = ["core", "ray", "webhdfs", "scale", "diff", "report", "replay"]
+SCENARIOS = ["core", "ray", "webhdfs", "scale", "diff", "report", "rollout_load", "replay"]
 
 
 def _run(name: str, quick: bool) -> dict[str, Any] | None:
@@ -80,6 +82,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     diff = results.get("diff")
     report = results.get("report")
     replay = results.get("replay")
+    rollout_load = results.get("rollout_load")
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None or b == 0 else a / b
@@ -146,6 +149,18 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         ("diff --html report on top of the diff", _get(report, "overhead"), 0.1, "<="),
         ("Run.replay vs one thread's unsafe loads", _get(replay, "files", "ratio"), 1.5, "<="),
+        (
+            "safe load of rollout records vs unrestricted",
+            _get(rollout_load, "safe_vs_unrestricted"),
+            1.5,
+            "<=",
+        ),
+        (
+            "SyncRun.load of rollout records vs torch.load(path)",
+            _get(rollout_load, "syncrun_vs_unrestricted"),
+            1.5,
+            "<=",
+        ),
         ("event-loop max lag, 256 MB dumps (ms, worst)", _get(lag, "max"), 20, "ms <="),
         (
             "peak RSS vs baseline+budget+payload+100 MB",

@@ -80,6 +80,20 @@ def test_report_benchmark_quick_smoke_run(tmp_path: Path) -> None:
     assert result["html_bytes"] > 10_000 and result["overhead"] > 0
 
 
+def test_rollout_load_benchmark_quick_smoke_run(tmp_path: Path) -> None:
+    done = run_benchmark(tmp_path, "bench_rollout_load.py", "--quick")
+    assert "load_dump_bytes" in done.stdout
+    result = json.loads((tmp_path / "results" / "rollout_load-quick.json").read_text())
+    assert result["samples"] == 32 and result["bytes"] > 0
+    assert set(result["seconds"]) == {
+        "torch.load(weights_only=False)",
+        "load_dump_bytes",
+        "torch.load(path, weights_only=False)",
+        "SyncRun.load",
+    }
+    assert result["safe_vs_unrestricted"] > 0
+
+
 def test_targets_are_checked_against_the_figures_of_the_run() -> None:
     results = {
         "ray": {

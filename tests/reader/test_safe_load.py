@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copyreg
 import io
 import os
+import pickle
 import random
 import shlex
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -131,21 +134,21 @@ def test_concurrent_loads_refuse_the_malicious_dump_and_load_the_others(
 def test_the_allow_list_is_unchanged_during_a_load(
     monkeypatch: pytest.MonkeyPatch, allow_list_watch: list[list[str]]
 ) -> None:
-    # Seen from inside the load: RolloutBatch.__setstate__ runs while the object is built.
+    # Seen from inside the load: a RolloutBatch checks itself while the object is built.
     during: list[list[str]] = []
-    original = RolloutBatch.__setstate__
+    original = RolloutBatch.check_consistency
 
-    def hook(self: RolloutBatch, state: Any) -> None:
+    def hook(self: RolloutBatch) -> None:
         during.append(names(torch.serialization.get_safe_globals()))
-        original(self, state)
+        original(self)
 
-    monkeypatch.setattr(RolloutBatch, "__setstate__", hook)
+    monkeypatch.setattr(RolloutBatch, "check_consistency", hook)
     before = names(torch.serialization.get_safe_globals())
     data = saved(sample(3))
     assert_same(load_dump_bytes(data), sample(3))
     assert during and all(seen == before for seen in during)
     # ... and torch.load elsewhere in the process still refuses trajtrack's types.
-    with pytest.raises(Exception, match="RolloutSample"):
+    with pytest.raises(Exception, match="rebuild_sample"):
         torch.load(io.BytesIO(data), weights_only=True)
 
 
@@ -329,3 +332,26 @@ def test_corrupt_files_are_dump_load_errors(tmp_path: Path) -> None:
     assert outcomes == {"refused", "loaded"}
     with pytest.raises(FileNotFoundError):
         load_dump_file(tmp_path / "absent.pth")
+
+
+class _OldPickler(pickle.Pickler):
+    """Pickles trajtrack's records as they pickled before their ``__reduce__``: ``NEWOBJ`` and
+    ``BUILD`` of the class, numpy's own reconstructors inside."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is RolloutBatch:
+            return (copyreg.__newobj__, (RolloutBatch,), obj.__getstate__())
+        if type(obj) is RolloutSample:
+            return (copyreg.__newobj__, (RolloutSample,), dict(vars(obj)))
+        return NotImplemented
+
+
+def test_records_written_before_the_rebuild_form_still_load() -> None:
+    old = types.SimpleNamespace(Pickler=_OldPickler, __name__="old_pickle")
+    buffer = io.BytesIO()
+    torch.save(sample(5), buffer, pickle_module=old)
+    data = buffer.getvalue()
+    names = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
+    assert any(name.endswith("_reconstruct") for name in names)  # the old form, numpy inside
+    assert not any("rebuild" in name for name in names)
+    assert_same(load_dump_bytes(data), sample(5))  # through the load worker

@@ -52,8 +52,10 @@ def verdict(pickled: bytes) -> tuple[bytes, ...] | str:
 
 
 def fresh_verdict(pickled: bytes) -> tuple[bytes, ...] | str:
+    builds: list[int] = []
     try:
-        return _SCAN(pickled, None)
+        names = _SCAN(pickled, None, builds)
+        return "declined" if builds else names  # check_opcodes declines a BUILD
     except Declined:
         return "declined"
     except (ValueError, IndexError):

@@ -84,7 +84,7 @@ def test_weights_only_load_fails_without_allow_list() -> None:
     buf = io.BytesIO()
     torch.save(make_sample(), buf)
     buf.seek(0)
-    with pytest.raises(pickle.UnpicklingError, match="RolloutSample"):
+    with pytest.raises(pickle.UnpicklingError, match="rebuild_sample"):
         torch.load(buf, weights_only=True)
 
 

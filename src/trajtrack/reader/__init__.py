@@ -8,7 +8,10 @@ Read the modules in this order::
     _syncrun.py    SyncRun: the blocking facade (notebooks, scripts)
     _replay.py     Run.replay: a recorded run step by step, whole steps loaded ahead
     _text.py       token ids as text (a tokenizer.json, verl's masks); _text_report.py: its HTML
-    _safe_load.py  loading a dump safely: torch.load(weights_only=True), public API only
+    _safe_load.py  loading a dump safely: one route, torch's decision, public API only
+    _fast_load.py  ... its fast path: the C unpickler, accepted only where it provably agrees
+    _torch_archive.py  ... torch's zip container and the pickle's opcodes, checked first
+    _archive_diff.py  two dumps of the same pickle compared without building tensors
     _load_worker.py  ... in trajtrack's own process, for a dump that needs trajtrack's list
     _portable.py   ... and how that process hands the object back (torch's defaults load it)
     _main_module.py  ... started only if spawning it would not re-run the caller's script

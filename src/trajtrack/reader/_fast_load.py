@@ -1,51 +1,46 @@
-"""Loading plain tensor dumps without ``torch.load``'s per-call cost; anything else is declined.
+"""The fast path of the safe loader: torch's decision, for what it is sure of, without torch.load.
 
-``torch.load(weights_only=True)`` of a 4 KB dump costs ~340 us here, ~200 us of it in torch's
-pure-Python restricted unpickler (one ``read`` per opcode byte); a diff of two runs of small
-dumps is that per dump. This module loads the common case, torch's zip archive of plain CPU
-tensors in containers and scalars, in ~20 us, and *declines* (:data:`DECLINED`) everything else,
-which then goes to ``torch.load(weights_only=True)`` as before. It is an accelerator in front of
-torch's loader, never a second opinion: what it accepts uses only globals of torch's default
-weights-only allow-list, and it builds the objects torch builds.
-
-How, with public, documented APIs only:
+``torch.load(weights_only=True)`` runs a pure-Python unpickler (one ``read`` per opcode byte):
+several times the cost of the C unpickler, per dump. This module loads torch's zip archive of
+plain CPU tensors in containers and scalars, and trajtrack's own rollout records, with Python's
+C unpickler, and *declines* (:data:`DECLINED`) everything it is not sure torch would load the
+same way; that then goes to ``torch.load(weights_only=True)``. It is an accelerator in front
+of torch's loader, never a second opinion. How it knows, with public, documented APIs only:
 
 * **The zip container** is parsed by :mod:`trajtrack.reader._torch_archive` from its end records
   and central directory (``struct``, every offset and size bounds-checked). Only the layout
-  ``torch.save`` writes is taken: exactly its records (``data.pkl`` first, the constant ones
-  with the values it writes: ``byteorder`` ``little`` on a little-endian machine, ``version``
-  3...), stored uncompressed, one disk, zip64 end records agreeing with the classic one, no
-  record marked a directory, no names differing in case only. Anything else declines: torch's
-  own reader refuses some of it, and which of two records it would take is not this module's to
-  guess.
-* **The pickle's opcodes** are scanned first, by the same module: only those torch's
-  weights-only unpickler implements (protocol 2's subset), and no memo index beyond the
-  pickle's length (the C unpickler sizes its memo by the largest index: one ``LONG_BINPUT``
-  could make it allocate gigabytes; torch's keeps a dict).
-* **The pickle** is read by Python's C unpickler restricted as the :mod:`pickle` documentation
-  describes ("Restricting Globals"): :meth:`pickle.Unpickler.find_class` answers from a fixed
-  table and declines every other name, so no global outside the table is ever imported or
-  called. The table: ``collections.OrderedDict``, torch's dtypes, ``torch.Size``,
-  ``torch.device``, ``set``, ``complex``, ``bytes`` as protocol 2 pickles them
-  (``_codecs.encode(text, "latin1")``, checked), torch's typed storage classes and its two
-  tensor rebuild functions (named as torch's public pickling protocol names them,
-  :mod:`trajtrack.tracker._archive`; never imported or called: the names map to this module's
-  own handlers). All of these are on torch's default weights-only list.
-* **Tensors** are never exposed to the unpickler. The rebuild handlers check their arguments
-  and return an inert record (:class:`TensorRef`: no ``__setstate__``, no item assignment,
-  no attributes to set), so that no pickle opcode (``BUILD``, ``SETITEM``...) can act on a
-  tensor. After the pickle is read, the records are replaced by tensors, one storage per
-  storage record (views keep sharing it, as with ``torch.load``), built with
-  ``torch.frombuffer`` and ``Tensor.set_`` over ``Tensor.untyped_storage()``, which check
-  offsets, sizes and strides against the storage's length.
+  ``torch.save`` writes is taken (exactly its records, stored, one disk, no record marked a
+  directory, no names differing in case only).
+* **The pickle's opcodes** are scanned first: only those torch's weights-only unpickler
+  implements, no ``BUILD`` (it sets attributes on whatever it is handed; ``torch.save`` writes
+  none for this data), no memo index beyond the pickle's length.
+* **The unpickler** is restricted as the :mod:`pickle` documentation describes ("Restricting
+  Globals"): :meth:`pickle.Unpickler.find_class` answers from a fixed table of immutable values
+  (torch's dtypes, ``torch.Size``, ``torch.device``, ``OrderedDict``, ``set``, ``complex``,
+  bytes as protocol 2 writes them) and, for calls, hands out handlers made for this one load
+  (torch's two tensor rebuilds, trajtrack's record rebuilds): nothing a pickle can reach is
+  shared between loads. The tensor handlers check the storage record, dtype and geometry
+  (every element inside the record's bytes) and build the tensor from a private copy of them.
+* **Agreement by construction**: after unpickling, the object graph is pickled again by the
+  same C pickler (protocol 2, as ``torch.save``), each object a handler built reduced to the
+  very call that built it, each storage to its persistent id. The load is accepted only if
+  that reproduces ``data.pkl`` byte for byte. A pickle is then the canonical serialization
+  of calls of allow-listed functions over plain data, written with only the opcodes a pickler
+  emits: torch's unpickler executes the same calls on the same arguments. Everything else
+  (an item assignment into a list, a bare persistent id, a global stored as a value where
+  torch refuses it, a tensor built and dropped, shared references a pickler would not write)
+  differs from its re-pickling and is declined. Which operations the two unpicklers perform,
+  on which types, depends only on the pickle's *skeleton* (its opcodes, memo indices, lengths
+  and ``GLOBAL`` lines; :class:`~trajtrack.reader._torch_archive.Skeleton`), not on its
+  numbers and strings, which both decode alike: so a pickle of a skeleton already found
+  canonical needs no re-pickling (a run's dumps mostly share a few skeletons).
+* **Every storage reference is a call's argument**: each persistent id the pickle loads is
+  consumed by exactly one tensor rebuild (a canonical pickle never memoizes one).
 
 Whatever fails on the way (a malformed archive, a name outside the table, a storage of the
-wrong length, a cycle through a tuple, nesting deeper than Python's recursion limit) declines;
-torch's loader then gives the authoritative answer, its refusal included. What is left
-between the two loaders: for a pickle ``torch.save`` never writes, the C unpickler accepts a few
-operations on containers that torch's refuses (an item assignment into a list); only the
-table's globals can appear in it either way. ``tests/reader/test_fast_load.py`` flips random
-bits of an archive and checks that whatever this module loads, torch loads the same.
+wrong length, nesting deeper than Python's recursion limit) declines; torch's loader then
+gives the authoritative answer, its refusal included. ``tests/reader/test_load_agreement.py``
+checks the agreement on mutated archives (bit flips, truncations, opcode swaps, record edits).
 """
 
 from __future__ import annotations
@@ -58,6 +53,7 @@ from typing import Any, Final, NamedTuple
 
 import torch
 
+from trajtrack.layouts.torch_format import PROTOCOL, REBUILD_V2, REBUILD_V3, V2_STORAGES
 from trajtrack.reader._remembered import Remembered
 from trajtrack.reader._torch_archive import (
     Declined,
@@ -68,14 +64,14 @@ from trajtrack.reader._torch_archive import (
     member_start,
     scan_opcodes,
 )
-from trajtrack.tracker._archive import REBUILD_V2, REBUILD_V3, V2_STORAGES
+from trajtrack.rollout._pickling import REBUILDS
 
 __all__ = [
     "ATOMS",
     "DECLINED",
     "DECLINES",
-    "StorageRecord",
     "Records",
+    "StorageRecord",
     "TensorRef",
     "Unpickled",
     "archive_data_pickle",
@@ -95,14 +91,14 @@ _LITTLE: Final = sys.byteorder == "little"
 def fast_load(data: bytes) -> Any:
     """The object in torch archive *data*, or :data:`DECLINED` (blocking; thread-safe)."""
     try:
-        return _load(data)
+        return unpickled(data, build=True).obj
     except DECLINES:
         return DECLINED
 
 
 def only_default_globals(data: bytes) -> bool:
-    """Whether torch archive *data* is one whose pickle names only globals of the table (all
-    on torch's default weights-only list): a scan of its opcodes, nothing unpickled or built.
+    """Whether torch archive *data* is one whose pickle names only globals of the table that
+    torch's default weights-only list has: a scan of its opcodes, nothing unpickled or built.
 
     ``False`` says nothing (a name outside the table, an opcode outside torch's set, an
     archive this module does not parse): torch's own static check must then decide. ``diff``
@@ -112,7 +108,7 @@ def only_default_globals(data: bytes) -> bool:
     An archive equal to one already answered in every byte the answer read (its directory and
     headers but their CRC-32s, the pickle's opcodes, lengths and global names, not its numbers
     and the tensors' data) takes that answer (:data:`_ANSWERS`): a run's dumps rarely differ
-    in those bytes (1.1 instead of 3.1 us for a 4 KB dump).
+    in those bytes.
     """
     if not _LITTLE:
         return False
@@ -136,18 +132,11 @@ _ANSWERS: Final[Remembered[bool]] = Remembered()
 and :func:`scan_opcodes` mark)."""
 
 
-def _load(data: bytes) -> Any:
-    found = unpickled(data)
-    if not found.tensors:
-        return found.obj
-    return _Resolver(data).resolve(found.obj)
-
-
 class Unpickled(NamedTuple):
     """A torch archive unpickled by :func:`unpickled`.
 
     Attributes:
-        obj: The object, each tensor still a :class:`TensorRef`.
+        obj: The object (tensors built, or each still a :class:`TensorRef`).
         pickle: The archive's pickle (``data.pkl``).
         tensors: How many tensors the pickle names.
         storages: Each storage record by its key in the archive (``data/<key>``).
@@ -159,17 +148,30 @@ class Unpickled(NamedTuple):
     storages: dict[str, StorageRecord]
 
 
-def unpickled(data: bytes) -> Unpickled:
-    """Torch archive *data*'s object with each tensor still a :class:`TensorRef` (blocking;
-    raises :class:`Declined` and the errors of :data:`DECLINES` for what the fast loader
-    declines)."""
-    pickled, (records, prefix, limit) = archive_data_pickle(data)
-    check_opcodes(pickled)
+def unpickled(data: bytes, *, build: bool = False) -> Unpickled:
+    """Torch archive *data*'s object, checked as the module says (blocking; raises
+    :class:`Declined` and the errors of :data:`DECLINES` for what the fast path declines).
+
+    Args:
+        data: The archive's bytes.
+        build: Build the tensors (and trajtrack's records); otherwise each tensor stays an
+            inert :class:`TensorRef` (no memory of its own) and records are declined.
+    """
+    pickled, records = archive_data_pickle(data)
+    skeleton = check_opcodes(pickled)
     unpickler = _Unpickler(io.BytesIO(pickled))
-    unpickler.data, unpickler.records = data, (records, prefix, limit)
-    unpickler.storages, unpickler.tensors = {}, 0
+    unpickler.data, unpickler.records, unpickler.build = data, records, build
+    unpickler.storages, unpickler.made, unpickler.storage_loads = {}, {}, 0
+    unpickler.memory = {}
     obj = unpickler.load()
-    return Unpickled(obj, pickled, unpickler.tensors, unpickler.storages)
+    tensors = sum(1 for fn, _, _ in unpickler.made.values() if fn in _TENSOR_REBUILDS)
+    if tensors != unpickler.storage_loads:
+        raise Declined  # a storage loaded and not given to exactly one tensor
+    if not skeleton.canonical:
+        if _repickled(obj, unpickler.made) != pickled:
+            raise Declined  # not what a pickler writes for what was built: torch decides
+        skeleton.canonical = True  # for every pickle of this skeleton (see the module)
+    return Unpickled(obj, pickled, tensors, unpickler.storages)
 
 
 Records = tuple[dict[str, tuple[int, int]], str, int]  # archive_records(): by name, folder, limit
@@ -197,7 +199,7 @@ def storage_start(data: bytes, records: Records, key: str, length: int) -> int:
 
 DECLINES: Final = (
     Declined,
-    pickle.UnpicklingError,
+    pickle.PickleError,  # UnpicklingError, and PicklingError from the second pickling
     EOFError,
     ValueError,  # UnicodeDecodeError included
     TypeError,
@@ -210,31 +212,28 @@ DECLINES: Final = (
 )
 
 
-class _StorageType:
-    """A typed storage class named in a pickle (never the class itself): its dtype."""
+class _StorageType(NamedTuple):
+    """A typed storage class named in a pickle (immutable; never the class's own object)."""
 
-    __slots__ = ("dtype",)
-
-    def __init__(self, dtype: torch.dtype | None) -> None:
-        self.dtype = dtype  # None: torch.UntypedStorage (bytes; the tensor names its dtype)
+    dtype: torch.dtype | None  # None: torch.UntypedStorage (the tensor names its dtype)
+    cls: Any  # the class, only to be named again when the pickle is checked
 
 
-class StorageRecord:
-    """One storage record of the archive: its key (``data/<key>``), where its bytes are, and
-    as which dtype."""
+class StorageRecord(NamedTuple):
+    """One storage record of the archive (immutable): its key (``data/<key>``), as which
+    dtype, where its bytes are, and the persistent id that named it."""
 
-    __slots__ = ("dtype", "key", "length", "start")
-
-    def __init__(self, key: str, dtype: torch.dtype | None, start: int, length: int) -> None:
-        self.key, self.dtype, self.start, self.length = key, dtype, start, length
+    key: str
+    dtype: torch.dtype | None
+    start: int
+    length: int
+    pid: tuple[Any, ...]  # as loaded, the storage class in place of its table entry
 
 
 class TensorRef(tuple):  # type: ignore[type-arg]
-    """A tensor still to build: ``(dtype, offset, requires_grad, size, storage, stride)``.
+    """A tensor not built: ``(dtype, offset, requires_grad, size, storage, stride)``.
 
-    Inert to every pickle opcode: a tuple (no item assignment, no ``append``) with no
-    ``__dict__`` and no ``__setstate__``, so ``BUILD`` fails on it. Equal and hashed by
-    identity, as tensors are: two equal views stay two keys of a dict.
+    Equal and hashed by identity, as tensors are: two equal views stay two keys of a dict.
     """
 
     __slots__ = ()
@@ -248,30 +247,52 @@ class TensorRef(tuple):  # type: ignore[type-arg]
     __hash__ = object.__hash__
 
 
+class _Handler(NamedTuple):
+    """A table entry for a global the pickle calls: the real function and what it builds."""
+
+    real: Any  # the function the global names (only called for trajtrack's records)
+    kind: str  # "v2", "v3" (a tensor), "record" (a rollout record), "bytes"
+
+
+class _Call:
+    """The callable :meth:`_Unpickler.find_class` hands out for a :class:`_Handler`: made for
+    one load, so that nothing a pickle can reach is shared between loads."""
+
+    __slots__ = ("handler", "load")
+
+    def __init__(self, load: _Unpickler, handler: _Handler) -> None:
+        self.load, self.handler = load, handler
+
+    def __call__(self, *args: Any) -> Any:
+        return self.load.call(self.handler, args)
+
+
 class _Unpickler(pickle.Unpickler):
     """The C unpickler, restricted to :data:`_GLOBALS`; storages resolved from the archive."""
 
     data: bytes
     records: Records
+    build: bool
     storages: dict[str, StorageRecord]
-    tensors: int
+    made: dict[int, tuple[Any, tuple[Any, ...], Any]]  # id -> (function, args, the object)
+    storage_loads: int
+    memory: dict[str, torch.UntypedStorage]  # the storages built, by key
 
     def find_class(self, module: str, name: str) -> Any:
         found = _GLOBALS.get((module, name))
         if found is None:
             raise Declined
-        if found is _rebuild_v2 or found is _rebuild_v3:
-            self.tensors += 1
-        return found
+        return _Call(self, found) if type(found) is _Handler else found
 
     def persistent_load(self, pid: Any) -> Any:
         if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
             raise Declined
-        _, kind, key, location, numel = pid
+        tag, kind, key, location, numel = pid
         if type(kind) is not _StorageType or type(key) is not str or type(location) is not str:
             raise Declined
-        if type(numel) is not int or numel < 0:
+        if type(numel) is not int or numel < 0 or type(tag) is not str:
             raise Declined
+        self.storage_loads += 1
         itemsize = 1 if kind.dtype is None else kind.dtype.itemsize
         known = self.storages.get(key)
         if known is not None:
@@ -280,160 +301,46 @@ class _Unpickler(pickle.Unpickler):
             return known
         length = numel * itemsize
         start = storage_start(self.data, self.records, key, length)
-        record = self.storages[key] = StorageRecord(key, kind.dtype, start, length)
+        record = StorageRecord(
+            key, kind.dtype, start, length, (tag, kind.cls, key, location, numel)
+        )
+        self.storages[key] = record
         return record
 
-
-def _checked_geometry(offset: Any, size: Any, stride: Any, requires_grad: Any) -> None:
-    if type(offset) is not int or type(requires_grad) is not bool:
-        raise Declined
-    if type(size) is not tuple or type(stride) is not tuple or len(size) != len(stride):
-        raise Declined
-    if not _INTS.issuperset(map(type, size)) or not _INTS.issuperset(map(type, stride)):
-        raise Declined
-
-
-_INTS: Final = frozenset({int})
-
-
-def _checked_extras(hooks: Any, metadata: Any) -> None:
-    if type(hooks) is not OrderedDict or hooks or hooks.__dict__:
-        raise Declined  # backward hooks are never saved; a non-empty dict is not torch's
-    if metadata is not None and (type(metadata) is not dict or metadata):
-        raise Declined  # neg / conj bits: torch's loader sets them
-
-
-def _rebuild_v2(*args: Any) -> TensorRef:
-    """torch's rebuild over a typed storage: ``(storage, offset, size, stride, requires_grad,
-    hooks[, metadata])``."""
-    if len(args) not in (6, 7) or type(args[0]) is not StorageRecord or args[0].dtype is None:
-        raise Declined
-    return _ref(args[0].dtype, args[:6], args[6] if len(args) == 7 else None)
-
-
-def _rebuild_v3(*args: Any) -> TensorRef:
-    """torch's rebuild over an untyped storage: ``(storage, offset, size, stride,
-    requires_grad, hooks, dtype[, metadata])``."""
-    if len(args) not in (7, 8) or type(args[0]) is not StorageRecord or args[0].dtype is not None:
-        raise Declined
-    if type(args[6]) is not torch.dtype:
-        raise Declined
-    return _ref(args[6], args[:6], args[7] if len(args) == 8 else None)
-
-
-def _ref(dtype: torch.dtype, common: tuple[Any, ...], metadata: Any) -> TensorRef:
-    """The tensor record for both rebuilds; *common*: their first six arguments."""
-    storage, offset, size, stride, requires_grad, hooks = common
-    _checked_geometry(offset, size, stride, requires_grad)
-    _checked_extras(hooks, metadata)
-    return TensorRef((dtype, offset, requires_grad, size, storage, stride))
-
-
-def _encode(text: Any, encoding: Any) -> bytes:
-    """``bytes`` as pickle protocol 2 writes them: ``_codecs.encode(text, "latin1")``."""
-    if type(text) is not str or encoding != "latin1":
-        raise Declined
-    return text.encode("latin1")
-
-
-def _globals() -> dict[tuple[str, str], Any]:
-    table: dict[tuple[str, str], Any] = {
-        ("collections", "OrderedDict"): OrderedDict,
-        ("torch", "Size"): torch.Size,
-        ("torch", "device"): torch.device,
-        ("_codecs", "encode"): _encode,
-    }
-    for builtin in (set, complex):
-        for module in ("builtins", "__builtin__"):  # protocol 2 writes Python 2's name
-            table[(module, builtin.__name__)] = builtin
-    for value in vars(torch).values():
-        if isinstance(value, torch.dtype):
-            table[("torch", str(value).removeprefix("torch."))] = value
-    for dtype, storage_class in V2_STORAGES.items():
-        table[(storage_class.__module__, storage_class.__name__)] = _StorageType(dtype)
-    untyped = torch.UntypedStorage
-    table[(untyped.__module__, untyped.__name__)] = _StorageType(None)
-    for rebuild, handler in ((REBUILD_V2, _rebuild_v2), (REBUILD_V3, _rebuild_v3)):
-        if rebuild is not None:
-            table[(rebuild.__module__, rebuild.__name__)] = handler
-    return table
-
-
-_GLOBALS: Final = _globals()
-_GLOBAL_LINES: Final = frozenset(f"{module}\n{name}\n".encode() for module, name in _GLOBALS)
-ATOMS: Final = frozenset(
-    {str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device, torch.Size}
-)
-_IN_PROGRESS: Final = object()
-
-
-class _Resolver:
-    """Replaces each :class:`TensorRef` in an unpickled object by its tensor."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.memo: dict[int, Any] = {}
-        self.storages: dict[int, torch.UntypedStorage] = {}
-
-    def resolve(self, obj: Any) -> Any:
-        kind = type(obj)
-        if kind in ATOMS:
-            return obj
-        known = self.memo.get(id(obj))
-        if known is not None:
-            if known is _IN_PROGRESS:
-                raise Declined  # a cycle through a tuple or frozenset
-            return known
-        if kind is TensorRef:
-            tensor = self.memo[id(obj)] = self._tensor(obj)
-            return tensor
-        if kind is list:
-            self.memo[id(obj)] = obj
-            obj[:] = [self.resolve(item) for item in obj]
-            return obj
-        if kind is dict or kind is OrderedDict:
-            return self._mapping(obj)
-        if kind is tuple or kind is frozenset:
-            self.memo[id(obj)] = _IN_PROGRESS
-            made = kind(self.resolve(item) for item in obj)
-            self.memo[id(obj)] = made
-            return made
-        if kind is set:
-            self.memo[id(obj)] = obj
-            items = [self.resolve(item) for item in obj]
-            obj.clear()
-            obj.update(items)
-            return obj
-        raise Declined
-
-    def _mapping(self, obj: dict[Any, Any]) -> dict[Any, Any]:
-        if type(obj) is OrderedDict and obj.__dict__:
-            raise Declined  # attributes set by BUILD: torch keeps them; rare enough to decline
-        self.memo[id(obj)] = obj
-        items = [(self.resolve(key), self.resolve(value)) for key, value in obj.items()]
-        obj.clear()
-        obj.update(items)
+    def call(self, handler: _Handler, args: tuple[Any, ...]) -> Any:
+        """What the pickle's call of *handler*'s global gives (recorded for the check)."""
+        if handler.kind == "bytes":
+            return _encode(*args)
+        if handler.kind == "record":
+            if not self.build:
+                raise Declined
+            obj = handler.real(*args)
+        else:
+            obj = self._tensor(*_tensor_args(handler.kind, args))
+        self.made[id(obj)] = (handler.real, args, obj)
         return obj
 
-    def _tensor(self, ref: TensorRef) -> torch.Tensor:
-        dtype, offset, requires_grad, size, record, stride = ref
-        storage = self.storages.get(id(record))
+    def _tensor(
+        self, record: StorageRecord, dtype: torch.dtype, geometry: tuple[Any, ...]
+    ) -> torch.Tensor | TensorRef:
+        offset, size, stride, requires_grad = geometry
+        if not self.build:
+            return TensorRef((dtype, offset, requires_grad, size, record, stride))
+        storage = self.memory.get(record.key)
         if storage is None and record.length and not record.length % dtype.itemsize:
-            # The storage as a tensor of the tensor's dtype: one frombuffer (3.5 us here,
-            # against 11.5 us for a storage, an empty tensor and set_), then set_ only where
+            # The storage as a tensor of the tensor's dtype (one call), then set_ only where
             # the tensor is not all of its storage, row-major (a view, a slice).
             tensor = torch.frombuffer(self._bytes(record), dtype=dtype)
-            storage = self.storages[id(record)] = tensor.untyped_storage()
+            storage = self.memory[record.key] = tensor.untyped_storage()
             if offset or tensor.shape != size or tensor.stride() != stride:
-                tensor.set_(storage, offset, size, stride)  # in place
+                tensor.set_(storage, offset, size, stride)
         else:
             if storage is None:
-                if record.length:
-                    made = torch.frombuffer(self._bytes(record), dtype=torch.uint8)
-                    storage = made.untyped_storage()
-                else:
-                    storage = torch.empty(0, dtype=torch.uint8).untyped_storage()
-                self.storages[id(record)] = storage
+                storage = self.memory[record.key] = (
+                    torch.frombuffer(self._bytes(record), dtype=torch.uint8).untyped_storage()
+                    if record.length
+                    else torch.empty(0, dtype=torch.uint8).untyped_storage()
+                )
             tensor = torch.empty((0,), dtype=dtype)
             tensor.set_(storage, offset, size, stride)
         if requires_grad:
@@ -443,3 +350,117 @@ class _Resolver:
     def _bytes(self, record: StorageRecord) -> bytearray:
         """A private, writable copy of *record*'s bytes (the tensors' memory)."""
         return bytearray(self.data[record.start : record.start + record.length])
+
+
+def _tensor_args(
+    kind: str, args: tuple[Any, ...]
+) -> tuple[StorageRecord, torch.dtype, tuple[Any, ...]]:
+    """``(record, dtype, (offset, size, stride, requires_grad))`` of a tensor rebuild's
+    arguments, checked: v2 ``(storage, offset, size, stride, requires_grad, hooks[,
+    metadata])`` over a typed storage, v3 the same with the dtype before the metadata, over
+    an untyped one; every element inside the storage record's bytes."""
+    v3 = kind == "v3"
+    if len(args) not in ((7, 8) if v3 else (6, 7)) or type(args[0]) is not StorageRecord:
+        raise Declined
+    record, offset, size, stride, requires_grad, hooks = args[:6]
+    dtype = args[6] if v3 else record.dtype
+    if type(dtype) is not torch.dtype or (record.dtype is None) is not v3:
+        raise Declined
+    metadata = args[-1] if len(args) == (8 if v3 else 7) else None
+    if type(hooks) is not OrderedDict or hooks or (metadata is not None and metadata != {}):
+        raise Declined  # backward hooks are never saved; neg / conj bits: torch's loader
+    if type(offset) is not int or type(requires_grad) is not bool:
+        raise Declined
+    if type(size) is not tuple or type(stride) is not tuple or len(size) != len(stride):
+        raise Declined
+    if not _INTS.issuperset(map(type, size)) or not _INTS.issuperset(map(type, stride)):
+        raise Declined
+    if offset < 0 or min(size, default=0) < 0 or min(stride, default=0) < 0:
+        raise Declined
+    last = 0 if 0 in size else 1 + sum((n - 1) * step for n, step in zip(size, stride, strict=True))
+    if (offset + last) * dtype.itemsize > record.length:
+        raise Declined  # torch refuses it (its storages are not resizable): its message
+    return record, dtype, (offset, size, stride, requires_grad)
+
+
+_INTS: Final = frozenset({int})
+
+
+def _encode(*args: Any) -> bytes:
+    """``bytes`` as pickle protocol 2 writes them: ``_codecs.encode(text, "latin1")``."""
+    if len(args) != 2 or type(args[0]) is not str or args[1] != "latin1":
+        raise Declined
+    return args[0].encode("latin1")
+
+
+class _Repickler(pickle.Pickler):
+    """The C pickler as ``torch.save`` runs it, each built object reduced to its call."""
+
+    made: dict[int, tuple[Any, tuple[Any, ...], Any]]
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is StorageRecord:
+            tag, cls, key, location, numel = obj.pid
+            return (tag, cls, key, location, numel)  # a fresh tuple each time, as torch's
+        return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        made = self.made.get(id(obj))
+        if made is not None:
+            return made[0], made[1]
+        if type(obj) is OrderedDict:
+            # What OrderedDict.__reduce__ gives one without attributes (no BUILD: none has
+            # any here), without its per-call lookup of slot names (every tensor has one).
+            return OrderedDict, (), None, None, iter(obj.items())
+        if type(obj) in _NEVER_PICKLED:
+            raise Declined  # something of this module's own, left where the pickle put it
+        return NotImplemented
+
+
+def _repickled(obj: Any, made: dict[int, tuple[Any, tuple[Any, ...], Any]]) -> bytes:
+    buffer = io.BytesIO()
+    pickler = _Repickler(buffer, PROTOCOL)
+    pickler.made = made
+    pickler.dump(obj)
+    return buffer.getvalue()
+
+
+def _globals() -> dict[tuple[str, str], Any]:
+    table: dict[tuple[str, str], Any] = {
+        ("collections", "OrderedDict"): OrderedDict,
+        ("torch", "Size"): torch.Size,
+        ("torch", "device"): torch.device,
+        ("_codecs", "encode"): _Handler(None, "bytes"),
+    }
+    for builtin in (set, complex):
+        for module in ("builtins", "__builtin__"):  # protocol 2 writes Python 2's name
+            table[(module, builtin.__name__)] = builtin
+    for value in vars(torch).values():
+        if isinstance(value, torch.dtype):
+            table[("torch", str(value).removeprefix("torch."))] = value
+    for dtype, storage_class in V2_STORAGES.items():
+        table[(storage_class.__module__, storage_class.__name__)] = _StorageType(
+            dtype, storage_class
+        )
+    untyped = torch.UntypedStorage
+    table[(untyped.__module__, untyped.__name__)] = _StorageType(None, untyped)
+    for rebuild, kind in ((REBUILD_V2, "v2"), (REBUILD_V3, "v3")):
+        if rebuild is not None:
+            table[(rebuild.__module__, rebuild.__name__)] = _Handler(rebuild, kind)
+    return table
+
+
+def _record_globals() -> dict[tuple[str, str], _Handler]:
+    return {(fn.__module__, fn.__qualname__): _Handler(fn, "record") for fn in REBUILDS}
+
+
+_DEFAULT_GLOBALS: Final = _globals()  # all on torch's default weights-only list
+_GLOBALS: Final = {**_DEFAULT_GLOBALS, **_record_globals()}
+_GLOBAL_LINES: Final = frozenset(
+    f"{module}\n{name}\n".encode() for module, name in _DEFAULT_GLOBALS
+)
+_TENSOR_REBUILDS: Final = frozenset(r for r in (REBUILD_V2, REBUILD_V3) if r is not None)
+_NEVER_PICKLED: Final = frozenset({torch.Tensor, TensorRef, _Call, _StorageType, _Handler})
+ATOMS: Final = frozenset(
+    {str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device, torch.Size}
+)

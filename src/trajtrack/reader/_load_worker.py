@@ -2,8 +2,11 @@
 
 torch's weights-only allow-list is process-wide (``torch.serialization.add_safe_globals``;
 ``safe_globals()`` changes the same list while it is entered, for every thread). A library may
-not widen it behind its caller's back, so a dump that needs trajtrack's allow-list (the rollout
-records, numpy arrays) and is refused by the caller's own list is loaded here instead:
+not widen it behind its caller's back, and there is no public way to widen it for one load only,
+so a dump that needs trajtrack's allow-list beyond what the fast path proves it can load
+(rollout records written before they pickled as one rebuild call, numpy arrays as values, a
+``Counter``) and is refused by the caller's own list is loaded here instead. It is the one
+route for those dumps (see :mod:`trajtrack.reader._safe_load`):
 
 * One worker process, started with the ``spawn`` method on first use (a fresh interpreter:
   nothing inherited from the caller but ``sys.path``), then reused; one request at a time. Its

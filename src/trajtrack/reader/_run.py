@@ -25,7 +25,7 @@ import anyio.to_thread
 from trajtrack._exceptions import (
     StorageNotFoundError,
 )
-from trajtrack.backends import Storage, open_storage
+from trajtrack.backends import Storage, open_storage, scheme_of
 from trajtrack.backends.local import translated
 from trajtrack.reader._batch_reads import check_readable, read_remote, whole_member
 from trajtrack.reader._dumps import DumpInfo, RunListing, matches
@@ -95,8 +95,11 @@ class Run:
     async def open(self) -> Run:
         """Open the storage (in a worker thread); done by ``async with`` and on first use."""
         if self._storage is None:
+            options = dict(self._storage_options)
+            if scheme_of(self._url) == "file":  # a reader starts no writer machinery
+                options.setdefault("writer_process", False)
             self._storage = await anyio.to_thread.run_sync(
-                functools.partial(open_storage, self._url, **self._storage_options)
+                functools.partial(open_storage, self._url, **options)
             )
         return self
 

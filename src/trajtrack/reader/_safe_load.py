@@ -1,28 +1,34 @@
-"""Safe loading of dumps: ``torch.load(weights_only=True)``, torch's public API only.
+"""Safe loading of dumps: one loader on the boundary, torch's decision, torch's public API only.
 
 A dump directory is untrusted input: unpickling runs whatever code the pickle names. Dumps load
 with PyTorch's restricted unpickler, which only builds tensors, containers, scalars and the
 globals allow-listed for it, and nothing here touches torch's internals. trajtrack's own
 allow-list (:func:`allowed_globals`: the rollout layer's :data:`trajtrack.rollout.SAFE_GLOBALS`
-— ``RolloutSample``, ``RolloutBatch``, ``ValidateMetrics`` and stand-ins for the numpy types they
-need — the stand-ins under verl's and tensordict's names (:mod:`trajtrack.reader._standins`,
-whose :func:`~trajtrack.reader._standins.finish` runs after each torch load), plus
-``OrderedDict`` and ``Counter``) is never added to the caller's process-wide list behind its back:
+— ``RolloutSample``, ``RolloutBatch``, ``ValidateMetrics``, their rebuild functions and
+stand-ins for the numpy types older dumps of them need — the stand-ins under verl's and
+tensordict's names (:mod:`trajtrack.reader._standins`, whose
+:func:`~trajtrack.reader._standins.finish` runs after each torch load), plus ``OrderedDict``
+and ``Counter``) is never added to the caller's process-wide list behind its back. One
+route, in this order:
 
-1. Every load first runs ``torch.load(weights_only=True)`` with the process's own allow-list
-   (torch's defaults and whatever the process added itself). Plain tensor data needs no more.
-   Bytes of plain tensor data (tensors in containers and scalars, nothing torch's defaults do
-   not allow) skip torch.load's per-call cost: :mod:`trajtrack.reader._fast_load` builds the
-   same objects with Python's documented restricted unpickler, and declines everything else.
-2. If that refuses a global, the dump's pickle is scanned statically
+1. The bytes of a torch archive go to the fast path (:mod:`trajtrack.reader._fast_load`): it
+   builds what it can prove torch would build the same way — plain tensor data, and
+   trajtrack's own records, which pickle as one call of an allow-listed rebuild over plain
+   data — and declines everything else. Local files of up to 64 MiB are read and go this way.
+2. ``torch.load(weights_only=True)`` with the process's own allow-list (torch's defaults and
+   whatever the process added itself), after refusing an archive with a record marked as a
+   directory (torch returns uninitialized memory for it).
+3. If that refuses a global, the dump's pickle is scanned statically
    (``torch.serialization.get_unsafe_globals_in_checkpoint``; nothing is run). A global
    outside trajtrack's list: :class:`~trajtrack.UnsafeLoadError`, naming it.
-3. Only trajtrack's list is missing: the dump is loaded by trajtrack's worker process, which
-   has that list (:mod:`trajtrack.reader._load_worker`), and comes back through
-   ``torch.load(weights_only=True)`` with torch's defaults.
+4. Only trajtrack's list is missing (older rollout records with numpy arrays, a ``Counter``):
+   the dump is loaded by trajtrack's worker process, which has that list
+   (:mod:`trajtrack.reader._load_worker`). It stays because torch's allow-list is
+   process-wide (``safe_globals()`` too, while entered, for every thread): there is no public
+   way to widen it for one load only.
 
 A process that may widen its own list (the ``trajtrack`` command) calls
-:func:`allow_in_this_process` once; step 1 then loads everything in the process, in parallel
+:func:`allow_in_this_process` once; step 2 then loads everything in the process, in parallel
 threads, with no lock. ``unsafe=True`` does a full unpickle, with a logged warning.
 """
 
@@ -34,9 +40,11 @@ import logging
 import os
 import pickle
 import re
+import stat
 import threading
+import zipfile
 from functools import lru_cache
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -155,7 +163,8 @@ def load_dump_file(
 ) -> Any:
     """Deserialize one dump file from the local filesystem, as :func:`load_dump_bytes` does.
 
-    torch reads the file itself: no intermediate copy of its bytes.
+    A file of up to 64 MiB is read and loaded from its bytes (as :func:`load_dump_bytes`),
+    a bigger one is read by torch itself.
 
     Args:
         path: The file.
@@ -175,7 +184,24 @@ def load_dump_file(
     where = where or name
     if unsafe:
         return _unsafe_load(name, where)
-    return _safe_load(name, where)
+    data = _small_file(name)  # read here: the fast path takes bytes
+    return _safe_load(name if data is None else data, where)
+
+
+_READ_WHOLE: Final = 64 << 20
+"""Dumps up to this size are read into memory and loaded from their bytes (the fast path's
+input); bigger ones, and what is not a regular file, are opened by torch itself."""
+
+
+def _small_file(name: str) -> bytes | None:
+    """The bytes of regular file *name* if it has at most :data:`_READ_WHOLE` of them."""
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO: no wait here
+    with open(fd, "rb", closefd=True) as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _READ_WHOLE:
+            return None
+        data = file.read(_READ_WHOLE + 1)
+    return data if len(data) <= _READ_WHOLE else None
 
 
 def check_loadable(
@@ -256,17 +282,21 @@ def _safe_load(source: bytes | str, where: str) -> Any:
 def restricted_load(source: Any) -> Any:
     """``torch.load(source, weights_only=True)`` onto the CPU, with the process's allow-list.
 
-    *source* is bytes, a path or a binary file. Bytes of plain tensor data are loaded by
-    :func:`~trajtrack.reader._fast_load.fast_load` (the same objects, a fraction of the
-    cost); what it declines, by torch. While torch checks sparse tensors as it loads
-    them, loads run one at a time: torch validates them at the end of a load from one
-    process-wide list, which every load empties, and which a load that fails half-way
-    leaves filled (the next load would validate, and blame, the failed dump's tensors).
+    *source* is bytes, a path or a binary file. Bytes go first to
+    :func:`~trajtrack.reader._fast_load.fast_load`, which loads what it proves torch would
+    load the same way (plain tensor data, and trajtrack's records as if trajtrack's
+    allow-list were added); what it declines goes to torch, unless a record of the archive is
+    marked as a directory (refused: :class:`DumpLoadError`). While torch checks sparse
+    tensors as it loads them, loads run one at a time: torch validates them at the end of a
+    load from one process-wide list, which every load empties, and which a load that fails
+    half-way leaves filled (the next load would validate, and blame, the failed dump's
+    tensors).
     """
     if isinstance(source, bytes):
-        loaded = fast_load(source)  # plain tensor data, without torch.load's per-call cost
+        loaded = fast_load(source)  # without torch.load's pure-Python unpickler
         if loaded is not DECLINED:
             return loaded
+    _refuse_directory_records(source)
     file = _file(source) if isinstance(source, bytes) else source
     if not sparse_checks_enabled():
         return finish(torch.load(file, map_location="cpu", weights_only=True, mmap=False))
@@ -277,6 +307,35 @@ def restricted_load(source: Any) -> Any:
             _empty_sparse_validation_list()
             raise
     return finish(loaded)
+
+
+def _refuse_directory_records(source: Any) -> None:
+    """Refuse a zip archive with a record marked as a directory (name or DOS attribute).
+
+    torch's zip reader (miniz) takes such a record for a directory and extracts nothing into
+    the buffer it allocated for it: ``torch.load`` returns a tensor of uninitialized memory
+    (what the process freed before). So such an archive never reaches torch. Not a zip
+    archive: torch decides (its legacy format, or its own error).
+
+    Raises:
+        DumpLoadError: A record is marked as a directory.
+    """
+    if not isinstance(source, (bytes, str)):
+        return  # a file object: the worker's reply, which torch.save wrote
+    try:
+        with zipfile.ZipFile(_file(source)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return
+    for entry in entries:
+        if entry.filename.endswith("/") or entry.external_attr & _DOS_DIRECTORY:
+            raise DumpLoadError(
+                f"cannot be loaded: its record {entry.filename!r} is marked as a directory "
+                "(torch would return uninitialized memory for it)"
+            )
+
+
+_DOS_DIRECTORY: Final = 0x10
 
 
 def _empty_sparse_validation_list() -> None:

@@ -16,6 +16,7 @@ from trajtrack.reader._remembered import KEPT, Remembered
 
 __all__ = [
     "Declined",
+    "Skeleton",
     "archive_pickle",
     "archive_records",
     "check_opcodes",
@@ -152,33 +153,62 @@ def _check_records(
     return start, start + size
 
 
-def check_opcodes(pickled: bytes, names: list[bytes] | None = None) -> None:
-    """Decline a pickle with an opcode torch's weights-only unpickler does not implement, or
-    a memo index beyond its length: the C unpickler sizes its memo by the largest index, so
-    one ``LONG_BINPUT`` could make it allocate gigabytes (torch's keeps a dict).
+class Skeleton:
+    """What the opcode scan found in a pickle, shared by every pickle of the same skeleton
+    (the same opcodes, memo indices, lengths and ``GLOBAL`` lines: only numbers and the
+    strings' contents may differ).
+
+    Attributes:
+        names: The ``GLOBAL`` arguments, in order.
+        builds: Whether it has a ``BUILD``.
+        canonical: Whether a pickle of this skeleton was found to be what the C pickler
+            writes for what it builds (``None``: not known yet; only ``True`` is kept).
+    """
+
+    __slots__ = ("builds", "canonical", "names")
+
+    def __init__(self, names: tuple[bytes, ...], builds: bool) -> None:
+        self.names, self.builds = names, builds
+        self.canonical: bool | None = None
+
+
+def check_opcodes(pickled: bytes, names: list[bytes] | None = None) -> Skeleton:
+    """Decline a pickle the fast loader does not unpickle: an opcode torch's weights-only
+    unpickler does not implement, a ``BUILD`` (it sets attributes of whatever it is given, a
+    global of the loader's table included, and ``torch.save`` writes none for plain tensor
+    data: such a pickle is torch's to load), or a memo index beyond its length (the C
+    unpickler sizes its memo by the largest index, so one ``LONG_BINPUT`` could make it
+    allocate gigabytes; torch's keeps a dict). Returns its :class:`Skeleton`.
 
     *names*: where to collect the argument of each ``GLOBAL`` (``b"module\\nname\\n"``), the
     only opcode of the set that names a global.
 
     A pickle that matches one already scanned in every byte the scan looks at (the dumps of a
     run differ in their numbers and strings, rarely in their structure) takes that scan's
-    verdict (:data:`_SKELETONS`): one comparison instead of a walk over its opcodes.
+    :class:`Skeleton` (:data:`_SKELETONS`): one comparison instead of a walk over its opcodes.
     """
     found = _SKELETONS.match(pickled)
     if found is None:
         kept = None if _SKELETONS.full else bytearray(len(pickled))
-        found = scan_opcodes(pickled, kept)
+        builds: list[int] = []
+        found = Skeleton(scan_opcodes(pickled, kept, builds), bool(builds))
         if kept is not None:
             _SKELETONS.add(pickled, kept, found)
+    if found.builds:
+        raise Declined
     if names is not None:
-        names.extend(found)
+        names.extend(found.names)
+    return found
 
 
-def scan_opcodes(pickled: bytes, kept: bytearray | memoryview | None) -> tuple[bytes, ...]:
-    """The ``GLOBAL`` arguments of *pickled* (declined as :func:`check_opcodes` says); in
-    *kept* (if given: zeros, as long as *pickled*), 255 for each byte the walk depends on:
-    every opcode, length prefix, ``GLOBAL`` argument and memo index, not the numbers and the
-    strings' contents it skips. :func:`check_opcodes` without its memo."""
+def scan_opcodes(
+    pickled: bytes, kept: bytearray | memoryview | None, builds: list[int] | None = None
+) -> tuple[bytes, ...]:
+    """The ``GLOBAL`` arguments of *pickled* (declined as :func:`check_opcodes` says, but for
+    ``BUILD``: where each one is goes to *builds*, if given); in *kept* (if given: zeros, as
+    long as *pickled*), 255 for each byte the walk depends on: every opcode, length prefix,
+    ``GLOBAL`` argument, memo index and the protocol, not the numbers and the strings'
+    contents it skips."""
     size = len(pickled)
     names: list[bytes] = []
     at = 0
@@ -187,6 +217,8 @@ def scan_opcodes(pickled: bytes, kept: bytearray | memoryview | None) -> tuple[b
         if kept is not None:
             kept[at] = 255
         if opcode in _ONE_BYTE_ARG:  # the most common ones first (BINPUT after every object)
+            if kept is not None and opcode in _STRUCTURE:
+                kept[at + 1 : at + 2] = _ALL_KEPT  # a memo index or the protocol, not a number
             at += 2
             continue
         arg = _ARGS.get(opcode)
@@ -196,6 +228,8 @@ def scan_opcodes(pickled: bytes, kept: bytearray | memoryview | None) -> tuple[b
         if arg == _NO_ARG:
             if opcode == _STOP:
                 return tuple(names)
+            if opcode == _BUILD and builds is not None:
+                builds.append(at - 1)
         elif arg == _LINES:  # GLOBAL: module and name, each up to a newline
             end = pickled.index(b"\n", pickled.index(b"\n", at) + 1) + 1
             names.append(pickled[at:end])
@@ -218,10 +252,11 @@ def scan_opcodes(pickled: bytes, kept: bytearray | memoryview | None) -> tuple[b
 
 _ALL_KEPT: Final = bytes([KEPT])
 
-_SKELETONS: Final[Remembered[tuple[bytes, ...]]] = Remembered()
-"""The scan's verdicts (the names of the globals), by the bytes the walk looked at: a pickle of
-the same length equal to a scanned one in every opcode, length prefix, ``GLOBAL`` line and memo
-index is walked the same way; what differs (a number, a string's contents) is skipped unread."""
+_SKELETONS: Final[Remembered[Skeleton]] = Remembered()
+"""The scan's verdicts (:class:`Skeleton`), by the bytes the walk looked at: a pickle of the same
+length equal to a scanned one in every opcode, length prefix, ``GLOBAL`` line, memo index and
+protocol is walked the same way, and builds the same containers and calls in the same order;
+what differs (a number, a string's contents) is skipped unread."""
 
 
 def _records(data: bytes, kept: bytearray | None) -> tuple[dict[str, tuple[int, int]], int]:
@@ -349,6 +384,7 @@ def member(
 _NO_ARG: Final = 0
 _LINES: Final = 100
 _STOP: Final = pickle.STOP[0]
+_BUILD: Final = pickle.BUILD[0]
 _ARGS: Final[dict[int, int]] = {
     **dict.fromkeys(
         (
@@ -395,3 +431,4 @@ _ARGS: Final[dict[int, int]] = {
 }
 _MEMO: Final = frozenset({pickle.LONG_BINPUT[0]})  # a one-byte index is harmless
 _ONE_BYTE_ARG: Final = frozenset(op for op, arg in _ARGS.items() if arg == 1)
+_STRUCTURE: Final = frozenset({pickle.BINPUT[0], pickle.BINGET[0], pickle.PROTO[0]})

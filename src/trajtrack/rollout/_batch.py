@@ -237,6 +237,13 @@ class RolloutBatch:
 
     # -- pickling: plain dicts of tensors/arrays so weights_only loading works ----------------
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # One call of an allow-listed rebuild over plain data, no numpy reconstructor
+        # (see trajtrack.rollout._pickling); __setstate__ still reads older dumps.
+        from ._pickling import reduce_batch  # (it imports this module)
+
+        return reduce_batch(self)
+
     def __getstate__(self) -> dict[str, Any]:
         return {
             "version": _STATE_VERSION,

@@ -17,6 +17,7 @@ from typing import Any
 from trajtrack.reader._numpy_standins import NUMPY_GLOBALS
 
 from ._batch import RolloutBatch
+from ._pickling import REBUILDS
 from ._samples import RolloutSample, ValidateMetrics
 
 __all__ = ["SAFE_GLOBALS"]
@@ -26,6 +27,7 @@ SAFE_GLOBALS: tuple[Any, ...] = (
     RolloutSample,
     ValidateMetrics,
     RolloutBatch,
+    *REBUILDS,
     *NUMPY_GLOBALS,
 )
 """Globals to allow-list before ``torch.load(path, weights_only=True)`` of rollout records.

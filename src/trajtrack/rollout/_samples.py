@@ -2,9 +2,10 @@
 
 Both are plain dataclasses whose ``==`` compares field by field with tensor- and
 array-aware deep equality (a dataclass's generated ``==`` would fail on a tensor or an
-array inside a field). They pickle with the default protocol (``copyreg.__newobj__``
-plus the instance ``__dict__``), which ``torch.load(..., weights_only=True)`` accepts once
-the classes are allow-listed (see :data:`trajtrack.rollout.SAFE_GLOBALS`).
+array inside a field). They pickle as one call of a rebuild function over their attributes
+(:mod:`trajtrack.rollout._pickling`), which ``torch.load(..., weights_only=True)`` accepts
+once :data:`trajtrack.rollout.SAFE_GLOBALS` is allow-listed, and trajtrack's fast loader
+reads without it.
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ class RolloutSample:
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like the generated dataclass
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        from ._pickling import reduce_record  # (it imports this module)
+
+        return reduce_record(self)
+
 
 @dataclasses.dataclass(eq=False)
 class ValidateMetrics:
@@ -84,6 +90,11 @@ class ValidateMetrics:
         return _fields_equal(self, other)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like the generated dataclass
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        from ._pickling import reduce_record  # (it imports this module)
+
+        return reduce_record(self)
 
 
 def _fields_equal(a: Any, b: Any) -> bool:

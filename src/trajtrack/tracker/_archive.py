@@ -39,61 +39,30 @@ from __future__ import annotations
 
 import io
 import pickle
-import warnings
 from collections import OrderedDict
 from typing import Any, Final
 
 import numpy as np
 import torch
 
+from trajtrack.layouts.torch_format import (
+    PROTOCOL,
+    REBUILD_V2,
+    REBUILD_V3,
+    V2_STORAGES,
+    V3_DTYPES,
+)
 from trajtrack.tracker._torchzip import ArchivePlan, NotArchivable, Writable
 
 __all__ = ["ArchivePlan", "NotArchivable", "Writable", "archive_plan", "write_archive"]
 
-_PROTOCOL: Final = 2  # torch.serialization.DEFAULT_PROTOCOL
-_V2_STORAGES: Final = {  # the dtypes torch pickles as a typed storage (_rebuild_tensor_v2)
-    torch.float64: torch.DoubleStorage,
-    torch.float32: torch.FloatStorage,
-    torch.float16: torch.HalfStorage,
-    torch.int64: torch.LongStorage,
-    torch.int32: torch.IntStorage,
-    torch.int16: torch.ShortStorage,
-    torch.int8: torch.CharStorage,
-    torch.uint8: torch.ByteStorage,
-    torch.bool: torch.BoolStorage,
-    torch.bfloat16: torch.BFloat16Storage,
-    torch.complex128: torch.ComplexDoubleStorage,
-    torch.complex64: torch.ComplexFloatStorage,
-}
+# The format's own facts, shared with the reader (trajtrack.layouts.torch_format).
+_PROTOCOL: Final = PROTOCOL
+_V2_STORAGES: Final = V2_STORAGES
+_REBUILD_V2: Final = REBUILD_V2
+_REBUILD_V3: Final = REBUILD_V3
+_V3_DTYPES: Final = V3_DTYPES
 _HAS_NAMES: Final = hasattr(torch.Tensor, "has_names")  # named tensors (2.4 has them, 2.13 not)
-
-
-def _pickled_by(dtype: torch.dtype) -> Any:
-    """The function torch's own pickling (``Tensor.__reduce_ex__``) rebuilds *dtype* with."""
-    with warnings.catch_warnings():  # complex32: "experimental"
-        warnings.simplefilter("ignore")
-        try:
-            reduce: Any = torch.empty(0, dtype=dtype).__reduce_ex__
-            return reduce(_PROTOCOL)[0]
-        except Exception:  # a dtype this torch cannot make or save: never archived
-            return None
-
-
-# The format's own globals, pickled by name as torch.save pickles them, taken from what torch's
-# public pickling protocol returns (not named here: they live in a private module of torch).
-_REBUILD_V2: Final = _pickled_by(torch.float32)
-_REBUILD_V3: Final = _pickled_by(torch.uint16) if hasattr(torch, "uint16") else None
-# The dtypes torch pickles as an untyped storage (_rebuild_tensor_v3): which they are depends
-# on the torch version (uint16 is one in 2.13; torch 2.4 cannot save it at all), so ask it.
-_V3_DTYPES: Final[frozenset[torch.dtype]] = frozenset(
-    dtype
-    for dtype in {value for value in vars(torch).values() if isinstance(value, torch.dtype)}
-    if dtype not in _V2_STORAGES and _REBUILD_V3 is not None and _pickled_by(dtype) is _REBUILD_V3
-)
-# For the reader's fast loader (trajtrack.reader._fast_load), which reads what this writes.
-V2_STORAGES: Final = _V2_STORAGES
-REBUILD_V2: Final = _REBUILD_V2
-REBUILD_V3: Final = _REBUILD_V3
 _REFUSED: Final = (torch.Tensor, torch.storage.TypedStorage, torch.UntypedStorage)
 
 
