@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from tests.reader.test_fast_load import archived, saved
 
+from reader.test_fast_load import archived, saved
 from trajtrack.reader._archive_diff import compare_archives
 from trajtrack.reader._compare import Tolerance, compare
 from trajtrack.reader._safe_load import load_dump_bytes

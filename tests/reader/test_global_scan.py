@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-from tests.reader.test_fast_load import Marker, _replace_pickle, rezipped, saved
 
+from reader.test_fast_load import Marker, _replace_pickle, rezipped, saved
 from trajtrack._exceptions import UnsafeLoadError
 from trajtrack.reader._fast_load import only_default_globals
 from trajtrack.reader._safe_load import check_loadable

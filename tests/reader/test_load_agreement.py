@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from tests.reader.test_fast_load import assert_identical, rezipped, saved
 
+from reader.test_fast_load import assert_identical, rezipped, saved
 from trajtrack import DumpLoadError, UnsafeLoadError
 from trajtrack.reader._archive_diff import compare_archives
 from trajtrack.reader._compare import Tolerance, compare

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from tests.reader.test_fast_load import _replace_pickle, _with_external_attributes, saved
 
+from reader.test_fast_load import _replace_pickle, _with_external_attributes, saved
 from trajtrack import DumpLoadError, UnsafeLoadError
 from trajtrack.reader._archive_diff import compare_archives
 from trajtrack.reader._compare import Tolerance

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import torch
-from tests._support.memo import emptied, inputs_checked
-from tests.reader.test_fast_load import saved
 
+from _support.memo import emptied, inputs_checked
+from reader.test_fast_load import saved
 from trajtrack.reader import _torch_archive
 from trajtrack.reader._torch_archive import Declined, archive_pickle, check_opcodes
 
