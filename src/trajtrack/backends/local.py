@@ -149,7 +149,7 @@ class LocalStorage:
             raise ConfigurationError(f"destination {self._root} exists and is not a directory")
         with translated(str(self._root)):
             self._root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
-            os.close(self._open_dir([RECORDS_DIR, "spool"], mode=0o700))
+            os.close(self._open_dir([RECORDS_DIR, "spool"]))
             if not os.access(self._root, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "destination is not writable", str(self._root))
         self._real_root = os.path.realpath(self._root)
