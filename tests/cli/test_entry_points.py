@@ -99,5 +99,30 @@ def test_demo_refuses_to_replace_a_foreign_folder(
     (tmp_path / "run_a").mkdir()
     (tmp_path / "run_a" / "precious.txt").write_text("keep me")
     code, _, err = run_cli(capsys, "demo", str(tmp_path))
-    assert code == 2 and "not written by trajtrack" in err
-    assert (tmp_path / "run_a" / "precious.txt").exists()
+    assert code == 2 and f"{tmp_path / 'run_a'} already holds files" in err
+    assert (tmp_path / "run_a" / "precious.txt").read_text() == "keep me"
+
+
+def test_demo_never_replaces_a_trajtrack_run_it_did_not_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A user's own run called run_a (the demo's hints suggest such names): a real trajtrack
+    # run, .trajtrack/ and all, but not the demo's.
+    mine = tmp_path / "run_a"
+    write_run(str(mine), {"mine/obs": torch.arange(5)})
+    before = {p: p.read_bytes() for p in mine.rglob("*") if p.is_file()}
+    code, out, err = run_cli(capsys, "demo", str(tmp_path), "--steps", "1", "--prompts", "1")
+    assert code == 2, out + err
+    assert str(mine) in err and "did not write" in err
+    assert {p: p.read_bytes() for p in mine.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "run_b").exists()  # refused before writing anything
+    code, out, _ = run_cli(capsys, "verify", str(mine), "--json")
+    assert code == 0 and json.loads(out)["counts"]["ok"] == 1
+
+
+def test_demo_help_says_what_it_writes_and_replaces(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "demo", "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    assert "DIR/run_a, DIR/run_b" in text and ".trajtrack/demo-run" in text
+    assert "refused with exit 2" in text
