@@ -230,3 +230,25 @@ def test_forked_child_starts_clean(enabled: Path) -> None:
     assert parent.statistics().committed == 50
     assert len(list((enabled / "parent").glob("*.pth"))) == 50
     assert (enabled / "child" / "only.pth").exists()
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["never-closed", "with-block"])
+def test_a_script_whose_syncrun_call_raises_exits(tmp_path: Path, closed: bool) -> None:
+    # #31: the reader's facade left anyio's portal generator to interpreter teardown, where its
+    # thread could no longer run: the process hung for ever after the traceback.
+    run = tmp_path / "run"
+    SyncTracker(run).close(timeout=30)  # a real, empty run
+    opened = f"with trajtrack.SyncRun({str(run)!r}) as r:" if closed else "if True:"
+    reader = "r" if closed else f"trajtrack.SyncRun({str(run)!r})"
+    result = run_child(
+        f"""
+        import trajtrack
+        {opened}
+            {reader}.load("nope")
+        """,
+        {},
+        timeout=60,  # the hang was for ever; importing torch takes seconds
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.rstrip().endswith("no dump named 'nope'")
+    assert "StorageNotFoundError" in result.stderr

@@ -26,10 +26,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import anyio
 from anyio.from_thread import BlockingPortal
 
 from trajtrack._exceptions import TrackerClosedError, TrackerStateError
+from trajtrack._loop_thread import LoopThread
 from trajtrack._progress import Progress
 from trajtrack.tracker._environment import (
     DEFAULT_EXIT_TIMEOUT,
@@ -71,36 +71,13 @@ class SyncTracker:
         self._closed = False
         self._close_lock = threading.Lock()
         self._tracker = Tracker(destination, **options)
-        self._portal_ready = threading.Event()
-        self._stop = threading.Event()
-        self._portal: BlockingPortal | None = None
-        self._startup_error: BaseException | None = None
-        # A daemon thread of our own (not a ThreadPoolExecutor worker): the interpreter joins
-        # executor threads *before* atexit handlers run, which would deadlock the exit drain.
-        self._thread = threading.Thread(target=self._thread_main, name="trajtrack", daemon=True)
-        self._thread.start()
-        self._portal_ready.wait()
-        if self._startup_error is not None:
-            raise self._startup_error
-        assert self._portal is not None
+        self._loop = LoopThread("trajtrack")
+        self._portal: BlockingPortal = self._loop.portal
         try:
             self._portal.call(self._tracker.start)
         except BaseException:
             self._stop_portal()
             raise
-
-    def _thread_main(self) -> None:
-        try:
-            anyio.run(self._serve)
-        except BaseException as exc:  # reported to the constructor
-            self._startup_error = exc
-            self._portal_ready.set()
-
-    async def _serve(self) -> None:
-        async with BlockingPortal() as portal:
-            self._portal = portal
-            self._portal_ready.set()
-            await anyio.to_thread.run_sync(self._stop.wait, abandon_on_cancel=True)
 
     @property
     def tracker(self) -> Tracker:
@@ -118,7 +95,6 @@ class SyncTracker:
         if self._closed:
             raise TrackerClosedError("cannot flush: the tracker is closed")
         self._check_not_own_thread("flush")
-        assert self._portal is not None
         self._portal.call(self._tracker.flush, timeout)
 
     def statistics(self) -> TrackerStatistics:
@@ -138,7 +114,6 @@ class SyncTracker:
             if self._closed or os.getpid() != self._pid:
                 return
             self._closed = True
-        assert self._portal is not None
         # The tracker bounds its own close, but this thread must not depend on that: past the
         # budget (plus the tracker's grace) give up, so that a process always gets to exit.
         deadline = None if timeout is None else time.monotonic() + timeout + _CLOSE_GRACE
@@ -176,13 +151,12 @@ class SyncTracker:
                 bar.close()
 
     def _stop_portal(self, join_timeout: float = 10) -> None:
-        self._stop.set()
-        self._thread.join(timeout=join_timeout)
+        self._loop.stop(join_timeout)
 
     def _check_not_own_thread(self, what: str) -> None:
         # Dump callbacks run on the tracker's own thread: waiting there for the tracker would
         # wait for itself.
-        if threading.get_ident() == self._thread.ident:
+        if self._loop.on_own_thread():
             raise TrackerStateError(
                 f"{what}() cannot be called from the tracker's own thread (e.g. inside a dump "
                 "callback); call it from your code's thread"
