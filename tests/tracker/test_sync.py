@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -252,3 +254,29 @@ def test_a_script_whose_syncrun_call_raises_exits(tmp_path: Path, closed: bool) 
     assert result.returncode == 1, result.stderr
     assert result.stderr.rstrip().endswith("no dump named 'nope'")
     assert "StorageNotFoundError" in result.stderr
+
+
+@pytest.mark.parametrize("writer_process", [True, False], ids=["helper-process", "threads"])
+def test_a_refused_name_logs_one_line_naming_the_whole_dump(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, writer_process: bool
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="trajtrack")
+    options = {"writer_process": writer_process}
+    for attempt in range(2):
+        tracker = SyncTracker(tmp_path / "run", on_exists="error", storage_options=options)
+        try:
+            handle = tracker.dump({"x": torch.ones(2)}, "step0/obs.rank0")
+            if attempt == 0:
+                handle.result(timeout=30)
+                continue
+            caplog.clear()
+            with pytest.raises(trajtrack.DumpExistsError, match=r"step0/obs\.rank0\.pth exists"):
+                handle.result(timeout=30)
+        finally:
+            with contextlib.suppress(trajtrack.DumpExistsError):
+                tracker.close(timeout=30)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    assert errors[0].exc_info is None  # no traceback: the typed error says it all
+    assert "'step0/obs.rank0'" in errors[0].getMessage()
+    assert "step0/obs.rank0.pth exists" in errors[0].getMessage()
