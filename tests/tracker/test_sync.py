@@ -280,3 +280,21 @@ def test_a_refused_name_logs_one_line_naming_the_whole_dump(
     assert errors[0].exc_info is None  # no traceback: the typed error says it all
     assert "'step0/obs.rank0'" in errors[0].getMessage()
     assert "step0/obs.rank0.pth exists" in errors[0].getMessage()
+
+
+def test_with_tracking_off_get_tracker_does_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # #31: flush raised "enabled but has no destination" in every untracked run.
+    for var in ("VERL_ENABLE_TRACKER", "TRAJTRACK_ENABLE", "TRAJTRACK_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("VERL_TRACKER_HDFS_DIR", str(tmp_path / "d"))
+    tracker = trajtrack.get_tracker()
+    assert not tracker.enabled
+    tracker.flush(timeout=60)
+    assert tracker.dump({"x": torch.ones(1)}, "x") is None
+    assert tracker.statistics().enqueued == 0
+    tracker.close(timeout=1)
+    monkeypatch.delenv("VERL_TRACKER_HDFS_DIR")
+    trajtrack.get_tracker().flush(timeout=60)  # no destination either: still nothing to do
+    assert not (tmp_path / "d").exists()

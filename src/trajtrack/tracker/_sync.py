@@ -42,7 +42,7 @@ from trajtrack.tracker._handle import DumpHandle
 from trajtrack.tracker._stats import TrackerStatistics
 from trajtrack.tracker._tracker import Tracker
 
-__all__ = ["SyncTracker", "dump_data", "get_tracker", "is_enabled"]
+__all__ = ["DisabledTracker", "SyncTracker", "dump_data", "get_tracker", "is_enabled"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,8 @@ class SyncTracker:
         exit_timeout: Seconds the drain at interpreter exit may take.
         **options: Passed to :class:`Tracker`.
     """
+
+    enabled = True
 
     def __init__(
         self,
@@ -189,15 +191,57 @@ _global_lock = threading.Lock()
 _hooks_installed = False
 
 
-def get_tracker() -> SyncTracker:
+class DisabledTracker:
+    """What :func:`get_tracker` returns while tracking is off: every call does nothing.
+
+    So that the lines around ``dump_data`` (``get_tracker().flush(timeout=60)`` at the end of
+    a step) run unchanged in a run that tracks nothing, like ``dump_data`` itself.
+    """
+
+    enabled = False
+
+    def dump(self, obj: Any, name: str, *, timeout: float | None = None) -> None:
+        """Nothing is dumped (returns ``None``, like :func:`dump_data`)."""
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Nothing to wait for; says so once on the ``trajtrack`` logger (info)."""
+        global _said_off
+        if not _said_off:
+            _said_off = True
+            logger.info(
+                "trajtrack: tracking is off (set VERL_ENABLE_TRACKER=1 or TRAJTRACK_ENABLE=1): "
+                "nothing to flush"
+            )
+
+    def close(self, timeout: float | None = None, *, progress: bool | None = None) -> None:
+        """Nothing to close."""
+
+    def statistics(self) -> TrackerStatistics:
+        """All zero: nothing was dumped."""
+        return TrackerStatistics(0, 0, 0, 0, 0, 0, {}, 0, 0, 0, None, None, state="disabled")
+
+
+_said_off = False
+_DISABLED = DisabledTracker()
+
+
+def get_tracker() -> SyncTracker | DisabledTracker:
     """The process-global tracker, created on first use from the environment.
 
     Destination: ``TRAJTRACK_DIR`` or ``VERL_TRACKER_HDFS_DIR``; exit drain budget:
-    ``TRAJTRACK_EXIT_TIMEOUT`` seconds (default 120).
+    ``TRAJTRACK_EXIT_TIMEOUT`` seconds (default 120). While tracking is off (neither
+    ``VERL_ENABLE_TRACKER`` nor ``TRAJTRACK_ENABLE`` is ``1``), a :class:`DisabledTracker`
+    whose every call does nothing: code written for a tracked run runs as it is.
 
     Raises:
-        ConfigurationError: No destination is configured.
+        ConfigurationError: Tracking is on and no destination is configured.
     """
+    if not is_enabled():
+        return _DISABLED
+    return _enabled_tracker()
+
+
+def _enabled_tracker() -> SyncTracker:
     global _global
     tracker = _global
     if tracker is not None:
@@ -222,7 +266,7 @@ def dump_data(obj: Any, name: str) -> DumpHandle | None:
     """
     if not is_enabled():
         return None
-    return get_tracker().dump(obj, name)
+    return _enabled_tracker().dump(obj, name)
 
 
 def _register_exit(tracker: SyncTracker) -> None:
