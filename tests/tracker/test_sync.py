@@ -298,3 +298,27 @@ def test_with_tracking_off_get_tracker_does_nothing(
     monkeypatch.delenv("VERL_TRACKER_HDFS_DIR")
     trajtrack.get_tracker().flush(timeout=60)  # no destination either: still nothing to do
     assert not (tmp_path / "d").exists()
+
+
+def test_a_flush_that_times_out_says_what_and_how_many_are_pending() -> None:
+    from trajtrack.backends.memory import MemoryStorage
+
+    release = threading.Event()
+
+    def hang(operation: str, path: str) -> None:
+        if operation == "write":
+            release.wait(30)
+
+    storage = MemoryStorage("memory://flush-timeout/run", fault=hang)
+    tracker = SyncTracker("memory://flush-timeout/run", storage=storage)
+    try:
+        for i in range(3):
+            tracker.dump({"i": torch.tensor(i)}, f"x{i}")
+        with pytest.raises(TimeoutError) as caught:
+            tracker.flush(timeout=0.2)
+        message = str(caught.value)
+        assert "flush of memory://flush-timeout/run timed out after 0.2 s" in message
+        assert "3 of the 3 dumps it waited for are still pending" in message
+    finally:
+        release.set()
+        tracker.close(timeout=30)

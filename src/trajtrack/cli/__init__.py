@@ -61,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in _COMMANDS:
         module.add_parser(commands)
+    for command in commands.choices.values():  # -v after the subcommand too (ls RUN -v)
+        command.add_argument(
+            "-v",
+            "--verbose",
+            action="count",
+            default=argparse.SUPPRESS,  # not given here: the count before the subcommand
+            help="log more on stderr (-vv: debug)",
+        )
     return parser
 
 

@@ -139,6 +139,10 @@ def render(result: RunDiff, *, max_dumps: int = 20, per_dump: int = 5) -> list[s
         f"B: {result.url_b}",
         f"tolerance: |a-b| <= {tol.atol:g} + {tol.rtol:g}*|b|, {nan}",
     ]
+    counts = result.counts()
+    for side, other in (("A", "only_in_b"), ("B", "only_in_a")):  # an empty run, said once
+        if not result.comparisons or counts[other] == len(result.comparisons):
+            lines.append(f"{side} has no dumps")
     first = result.first_divergence()
     if first is None:
         lines.append("")
@@ -156,7 +160,6 @@ def render(result: RunDiff, *, max_dumps: int = 20, per_dump: int = 5) -> list[s
     hidden = sum(c.status != "equal" for c in result.comparisons) - shown
     if hidden > 0:
         lines.append(f"... {hidden} more differing dumps (--max-dumps, or --json for all)")
-    counts = result.counts()
     lines.append(
         f"{len(result.comparisons)} dumps: {counts['equal']} equal, "
         f"{counts['different']} different, {counts['only_in_a']} only in A, "

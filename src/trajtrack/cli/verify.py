@@ -59,7 +59,8 @@ def add_parser(commands: Any) -> None:
             "(outside: never read). Unreadable record lines are reported too."
         ),
         epilog="exit codes: 0 no problem, 1 problems found (unrecorded files count unless "
-        "--allow-unrecorded), 2 usage or I/O error.",
+        "--allow-unrecorded; a run with no dumps, nothing verified, counts too), 2 usage or "
+        "I/O error.",
     )
     parser.add_argument("url", metavar="URL", help="the run: a local path or a storage URL")
     parser.add_argument(
@@ -188,7 +189,9 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     failing = {"missing", "truncated", "oversized", "corrupt", "outside"}
     if not args.allow_unrecorded:
         failing.add("unrecorded")
-    failed = any(f.problem in failing for f in findings) or listing.bad_record_lines > 0
+    # A run with no dumps (an empty folder, a mistyped --glob) verified nothing: not "OK".
+    empty = not findings
+    failed = empty or any(f.problem in failing for f in findings) or listing.bad_record_lines > 0
     code = EXIT_DIFFERENT if failed else EXIT_OK
     if args.json:
         write_json(
@@ -197,6 +200,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
                 "url": args.url,
                 "ok": not failed,
                 "exit_code": code,
+                "no_dumps": empty,
                 "counts": counts,
                 "bad_record_lines": listing.bad_record_lines,
                 "problems": [f.to_json() for f in findings if f.problem != "ok"],
@@ -211,6 +215,10 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
             streams.line(line)
     if listing.bad_record_lines:
         streams.line(f"{listing.bad_record_lines} unreadable record lines were skipped")
+    if empty:
+        matching = f" matching {args.glob!r}" if args.glob else ""
+        streams.line(f"FAILED: the run has no dumps{matching}: nothing to verify")
+        return code
     summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n or k == "ok")
     verdict = "FAILED" if failed else "OK"
     streams.line(f"{verdict}: {len(findings)} dumps checked: {summary}")

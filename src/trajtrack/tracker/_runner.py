@@ -277,12 +277,19 @@ class Runner:
         self.check_running("flush")
         assert self._recorder is not None
         waiting = self._ledger.outstanding()
-        with anyio.fail_after(timeout):
+        with anyio.move_on_after(timeout) as scope:
             await self._layout.seal_after(waiting)
             await wait_all([job.future for job in waiting])
             if self._fatal is not None:
                 raise self._failed_error()
             await self._recorder.write()
+        if scope.cancelled_caught:
+            left = sum(not job.future.done() for job in waiting)
+            raise TimeoutError(
+                f"flush of {self._url} timed out after {timeout} s: {left} of the "
+                f"{len(waiting)} dumps it waited for are still pending"
+                + ("" if left else " (the record was being written)")
+            )
         failure = self._ledger.take_failure()
         if failure is not None:
             raise failure
