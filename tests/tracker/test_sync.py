@@ -147,6 +147,7 @@ def test_flush_reraises_a_failure(tmp_path: Path) -> None:
     blocker.mkdir()
     tracker = SyncTracker(str(tmp_path / "d"))
     try:
+        tracker.flush(timeout=30)  # the storage starts in the background: now it has
         (tmp_path / "d" / "sub").write_text("a file where a directory is needed")
         handle = tracker.dump({"x": torch.ones(1)}, "sub/x")
         with pytest.raises(trajtrack.StorageError):
@@ -322,3 +323,66 @@ def test_a_flush_that_times_out_says_what_and_how_many_are_pending() -> None:
     finally:
         release.set()
         tracker.close(timeout=30)
+
+
+def test_a_storage_that_never_starts_stalls_no_dump(caplog: pytest.LogCaptureFixture) -> None:
+    # #31: each dump_data waited out the storage's whole start (~26 s on a dead WebHDFS).
+    from trajtrack.backends.memory import MemoryStorage
+
+    caplog.set_level(logging.ERROR, logger="trajtrack")
+    starts: list[str] = []
+    release = threading.Event()
+
+    def dead(operation: str, path: str) -> None:
+        if operation == "prepare":
+            starts.append(path)
+            release.wait(30)  # still starting until the test says otherwise
+            raise trajtrack.StorageUnavailableError("connection refused (dead namenode)")
+
+    tracker = SyncTracker(
+        "memory://dead/run", storage=MemoryStorage("memory://dead/run", fault=dead)
+    )
+    try:
+        # While the storage starts, dumps are queued (the constructor and each dump returned
+        # with the start still blocked: nothing here waits for it).
+        handles = [tracker.dump({"i": torch.tensor(i)}, f"x{i}") for i in range(3)]
+        stats = tracker.statistics()
+        assert (stats.state, stats.pending_items) == ("starting", 3)
+        release.set()  # the start fails for good
+        for handle in handles:
+            with pytest.raises(trajtrack.TrackerFailedError, match="connection refused"):
+                handle.result(timeout=30)
+        for i in range(3):  # later dumps fail at once: no second start, typed, counted
+            with pytest.raises(trajtrack.TrackerFailedError, match="connection refused"):
+                tracker.dump({"i": torch.tensor(i)}, f"later{i}")
+        with pytest.raises(trajtrack.TrackerFailedError):
+            tracker.flush(timeout=30)
+        assert len(starts) == 1
+        assert tracker.statistics().failed == 6
+    finally:
+        release.set()
+        with contextlib.suppress(trajtrack.TrackerFailedError):
+            tracker.close(timeout=30)
+    said = [r for r in caplog.records if "connection refused" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]  # logged once
+
+
+def test_a_refused_webhdfs_port_fails_the_tracker_once(tmp_path: Path) -> None:
+    pytest.importorskip("hdfs")
+    import socket
+
+    with socket.socket() as closed:  # a port that refuses: bound, never listening
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        url = f"webhdfs://127.0.0.1:{port}/user/nobody/run"
+        tracker = SyncTracker(url, storage_options={"prepare_timeout": 1.0})
+        try:
+            handle = tracker.dump({"x": torch.ones(2)}, "step0/obs")  # queued: no wait
+            with pytest.raises(trajtrack.TrackerFailedError, match="unreachable"):
+                handle.result(timeout=60)
+            with pytest.raises(trajtrack.TrackerFailedError, match="unreachable"):
+                tracker.dump({"x": torch.ones(2)}, "step1/obs")
+            assert tracker.statistics().state == "failed"
+        finally:
+            with contextlib.suppress(trajtrack.TrackerFailedError):
+                tracker.close(timeout=30)

@@ -76,10 +76,13 @@ class SyncTracker:
         self._loop = LoopThread("trajtrack")
         self._portal: BlockingPortal = self._loop.portal
         try:
-            self._portal.call(self._tracker.start)
+            self._portal.call(self._tracker._admit_early)
         except BaseException:
             self._stop_portal()
             raise
+        # The storage starts in the background (a dead WebHDFS retries for its whole
+        # deadline): dumps queue meanwhile; a failed start fails them, and later ones at once.
+        self._starting = self._portal.start_task_soon(self._tracker.start)
 
     @property
     def tracker(self) -> Tracker:
