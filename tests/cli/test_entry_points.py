@@ -126,3 +126,22 @@ def test_demo_help_says_what_it_writes_and_replaces(capsys: pytest.CaptureFixtur
     assert code == 0
     assert "DIR/run_a, DIR/run_b" in text and ".trajtrack/demo-run" in text
     assert "refused with exit 2" in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], [], ["bogus"], ["--version"], ["ls"], ["verify", "--help"], ["export", "RUN"]],
+    ids=["help", "no-command", "unknown", "version", "ls-no-url", "verify-help", "export-no-dest"],
+)
+def test_help_and_usage_errors_import_no_torch(argv: list[str]) -> None:
+    # #31: `trajtrack --help` took seconds: it imported torch, which no answer here needs.
+    code = (
+        "import sys\nfrom trajtrack.cli import main\n"
+        f"code = main({argv!r})\nprint('exit', code, 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    exit_code = 0 if argv in (["--help"], ["--version"], ["verify", "--help"]) else 2
+    assert done.stdout.splitlines()[-1] == f"exit {exit_code} False", done.stdout + done.stderr

@@ -29,7 +29,7 @@ import trajtrack.cli.ls as ls_command
 from trajtrack._exceptions import ConfigurationError, MissingDependencyError
 from trajtrack.backends import BytesPayload, open_storage, scheme_of
 from trajtrack.backends.local import LocalStorage
-from trajtrack.cli._common import EXIT_DIFFERENT, EXIT_OK, Streams, format_size
+from trajtrack.cli._common import EXIT_DIFFERENT, EXIT_OK, SUMMARIES, Streams, format_size
 from trajtrack.rollout import (
     MetricsAggregator,
     RolloutBatch,
@@ -68,7 +68,7 @@ _DEFAULTS = DemoConfig()
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "demo",
-        help="simulate two rollouter runs, then list and diff them",
+        help=SUMMARIES["demo"],
         description=(
             "Run two short simulated async-rollouter runs into DIR/run_a and DIR/run_b "
             "(identical seeds; run B perturbs one element of one tensor in one step), print "

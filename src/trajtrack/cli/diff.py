@@ -8,6 +8,7 @@ from typing import Any
 import anyio.to_thread
 
 from trajtrack.cli._common import (
+    SUMMARIES,
     Streams,
     add_output_options,
     non_negative_float,
@@ -40,7 +41,7 @@ _LABELS = {
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "diff",
-        help="compare two runs dump by dump",
+        help=SUMMARIES["diff"],
         description=(
             "Pair the dumps of two runs by name and compare them structurally: missing and "
             "extra dumps and keys, type/length/shape/dtype mismatches, and for numbers the "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
@@ -14,13 +14,16 @@ from trajtrack.cli._common import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
     EXIT_OK,
+    SUMMARIES,
     Streams,
     add_output_options,
     format_size,
     progress_callback,
     write_json,
 )
-from trajtrack.reader import ExportResult, export_run, open_run
+
+if TYPE_CHECKING:
+    from trajtrack.reader import ExportResult
 
 __all__ = ["add_parser", "run"]
 
@@ -28,7 +31,7 @@ __all__ = ["add_parser", "run"]
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "export",
-        help="write any run (sharded, files, or a mix) in the files layout",
+        help=SUMMARIES["export"],
         description=(
             "Copy every dump of the run at URL to DEST as <name>.pth files, the files "
             "layout that plain torch.load(path) scripts read, together with a record "
@@ -95,6 +98,8 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
 
 
 async def _export(args: argparse.Namespace, streams: Streams) -> ExportResult:
+    from trajtrack.reader import export_run, open_run  # not at import: no torch for --help
+
     update, close = progress_callback(streams, "export", quiet=args.quiet)
     destination = await anyio.to_thread.run_sync(functools.partial(open_storage, args.dest))
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import zlib
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import anyio.to_thread
 
@@ -13,6 +13,7 @@ from trajtrack.backends import checksum_of
 from trajtrack.cli._common import (
     EXIT_DIFFERENT,
     EXIT_OK,
+    SUMMARIES,
     Streams,
     add_output_options,
     format_size,
@@ -20,7 +21,9 @@ from trajtrack.cli._common import (
     table,
     write_json,
 )
-from trajtrack.reader import DumpInfo, Run, dump_batches, gather_bounded, open_run
+
+if TYPE_CHECKING:
+    from trajtrack.reader import DumpInfo, Run
 
 __all__ = ["Finding", "add_parser", "run", "verify_run"]
 
@@ -48,7 +51,7 @@ class Finding(NamedTuple):
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "verify",
-        help="check every recorded dump's presence, size and checksum",
+        help=SUMMARIES["verify"],
         description=(
             "Check the run against its record: every recorded dump must be present with the "
             "recorded size and CRC-32 checksum (each file with the right size is read once, "
@@ -77,6 +80,8 @@ async def verify_run(
     source: Run, glob: str | None = None, *, on_progress: Any = None
 ) -> list[Finding]:
     """Verify a run's dumps against its record; one :class:`Finding` per dump, dump order."""
+    from trajtrack.reader import dump_batches, gather_bounded  # not at import: no torch
+
     dumps = await source.list(glob)
     to_read = [
         d
@@ -174,6 +179,8 @@ def _size_finding(info: DumpInfo, actual: int) -> Finding:
 
 
 async def run(args: argparse.Namespace, streams: Streams) -> int:
+    from trajtrack.reader import open_run  # not at import: `trajtrack --help` needs no torch
+
     update, close = progress_callback(streams, "verify", quiet=args.quiet)
     async with open_run(args.url, concurrency=args.concurrency) as source:
         listing = await source.scan()
