@@ -145,3 +145,22 @@ def test_help_and_usage_errors_import_no_torch(argv: list[str]) -> None:
     assert done.returncode == 0, done.stderr
     exit_code = 0 if argv in (["--help"], ["--version"], ["verify", "--help"]) else 2
     assert done.stdout.splitlines()[-1] == f"exit {exit_code} False", done.stdout + done.stderr
+
+
+def test_demo_claims_runs_on_other_storages_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a remote DIR's report goes to the current folder
+    small = ["--steps", "1", "--prompts", "1"]
+    for _ in range(2):  # the second run replaces the demo's own runs
+        code, out, err = run_cli(capsys, "demo", "memory://demo-claims/d", *small)
+        assert code == 0, out + err
+    code, out, _ = run_cli(capsys, "ls", "memory://demo-claims/d/run_a", "--json")
+    listing = json.loads(out)
+    assert code == 0 and len(listing["dumps"]) == 3  # 1 sample, 1 batch, metrics
+    assert listing["record_segments"] == 1  # the first run's files were deleted
+    write_run("memory://demo-claims/e/run_a", {"mine": torch.arange(3)})
+    code, _, err = run_cli(capsys, "demo", "memory://demo-claims/e", *small)
+    assert code == 2 and "memory://demo-claims/e/run_a already holds files" in err
+    code, out, _ = run_cli(capsys, "ls", "memory://demo-claims/e/run_a", "--json")
+    assert [d["name"] for d in json.loads(out)["dumps"]] == ["mine"]
