@@ -28,6 +28,8 @@ def test_public_names_are_exactly_all(name: str) -> None:
     declared = list(module.__all__)
     assert declared == sorted(declared, key=_isort_key), f"{name}.__all__ is not sorted"
     assert len(set(declared)) == len(declared), f"{name}.__all__ repeats a name"
+    for attr in declared:  # names a package imports on first use (PEP 562) are then there
+        getattr(module, attr, None)
     public = {
         attr
         for attr, value in vars(module).items()

@@ -7,6 +7,9 @@ imported explicitly by the users who want them.
 
 from __future__ import annotations
 
+import importlib as _importlib
+import typing as _typing
+
 import trajtrack._warm  # noqa: F401  (before any event loop runs: see the module)
 from trajtrack._exceptions import (
     ConfigurationError as ConfigurationError,
@@ -27,29 +30,70 @@ from trajtrack._exceptions import (
     TrajtrackError as TrajtrackError,
     UnsafeLoadError as UnsafeLoadError,
 )
-from trajtrack._retry import RetryPolicy as RetryPolicy
-from trajtrack.layouts.records import DumpRecord as DumpRecord
-from trajtrack.reader import (
-    DumpInfo as DumpInfo,
-    Run as Run,
-    RunDiff as RunDiff,
-    SyncRun as SyncRun,
-    Tolerance as Tolerance,
-    compare as compare,
-    diff_runs as diff_runs,
-    open_run as open_run,
-)
-from trajtrack.tracker import (
-    DumpHandle as DumpHandle,
-    FullPolicy as FullPolicy,
-    SyncTracker as SyncTracker,
-    Tracker as Tracker,
-    TrackerState as TrackerState,
-    TrackerStatistics as TrackerStatistics,
-    dump_data as dump_data,
-    get_tracker as get_tracker,
-    is_enabled as is_enabled,
-)
+
+if _typing.TYPE_CHECKING:
+    from trajtrack._retry import RetryPolicy as RetryPolicy
+    from trajtrack.layouts.records import DumpRecord as DumpRecord
+    from trajtrack.reader import (
+        DumpInfo as DumpInfo,
+        Run as Run,
+        RunDiff as RunDiff,
+        SyncRun as SyncRun,
+        Tolerance as Tolerance,
+        compare as compare,
+        diff_runs as diff_runs,
+        open_run as open_run,
+    )
+    from trajtrack.tracker import (
+        DumpHandle as DumpHandle,
+        FullPolicy as FullPolicy,
+        SyncTracker as SyncTracker,
+        Tracker as Tracker,
+        TrackerState as TrackerState,
+        TrackerStatistics as TrackerStatistics,
+        dump_data as dump_data,
+        get_tracker as get_tracker,
+        is_enabled as is_enabled,
+    )
+
+# Imported on first use (PEP 562), so that `trajtrack --help` and the CLI's usage errors do
+# not import torch (seconds). `from trajtrack import Tracker` imports it right there, as
+# before: still before any event loop runs.
+_LAZY = {
+    "RetryPolicy": "trajtrack._retry",
+    "DumpRecord": "trajtrack.layouts.records",
+    "DumpInfo": "trajtrack.reader",
+    "Run": "trajtrack.reader",
+    "RunDiff": "trajtrack.reader",
+    "SyncRun": "trajtrack.reader",
+    "Tolerance": "trajtrack.reader",
+    "compare": "trajtrack.reader",
+    "diff_runs": "trajtrack.reader",
+    "open_run": "trajtrack.reader",
+    "DumpHandle": "trajtrack.tracker",
+    "FullPolicy": "trajtrack.tracker",
+    "SyncTracker": "trajtrack.tracker",
+    "Tracker": "trajtrack.tracker",
+    "TrackerState": "trajtrack.tracker",
+    "TrackerStatistics": "trajtrack.tracker",
+    "dump_data": "trajtrack.tracker",
+    "get_tracker": "trajtrack.tracker",
+    "is_enabled": "trajtrack.tracker",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trajtrack' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

@@ -99,5 +99,68 @@ def test_demo_refuses_to_replace_a_foreign_folder(
     (tmp_path / "run_a").mkdir()
     (tmp_path / "run_a" / "precious.txt").write_text("keep me")
     code, _, err = run_cli(capsys, "demo", str(tmp_path))
-    assert code == 2 and "not written by trajtrack" in err
-    assert (tmp_path / "run_a" / "precious.txt").exists()
+    assert code == 2 and f"{tmp_path / 'run_a'} already holds files" in err
+    assert (tmp_path / "run_a" / "precious.txt").read_text() == "keep me"
+
+
+def test_demo_never_replaces_a_trajtrack_run_it_did_not_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A user's own run called run_a (the demo's hints suggest such names): a real trajtrack
+    # run, .trajtrack/ and all, but not the demo's.
+    mine = tmp_path / "run_a"
+    write_run(str(mine), {"mine/obs": torch.arange(5)})
+    before = {p: p.read_bytes() for p in mine.rglob("*") if p.is_file()}
+    code, out, err = run_cli(capsys, "demo", str(tmp_path), "--steps", "1", "--prompts", "1")
+    assert code == 2, out + err
+    assert str(mine) in err and "did not write" in err
+    assert {p: p.read_bytes() for p in mine.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "run_b").exists()  # refused before writing anything
+    code, out, _ = run_cli(capsys, "verify", str(mine), "--json")
+    assert code == 0 and json.loads(out)["counts"]["ok"] == 1
+
+
+def test_demo_help_says_what_it_writes_and_replaces(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "demo", "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    assert "DIR/run_a, DIR/run_b" in text and ".trajtrack/demo-run" in text
+    assert "refused with exit 2" in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], [], ["bogus"], ["--version"], ["ls"], ["verify", "--help"], ["export", "RUN"]],
+    ids=["help", "no-command", "unknown", "version", "ls-no-url", "verify-help", "export-no-dest"],
+)
+def test_help_and_usage_errors_import_no_torch(argv: list[str]) -> None:
+    # #31: `trajtrack --help` took seconds: it imported torch, which no answer here needs.
+    code = (
+        "import sys\nfrom trajtrack.cli import main\n"
+        f"code = main({argv!r})\nprint('exit', code, 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    exit_code = 0 if argv in (["--help"], ["--version"], ["verify", "--help"]) else 2
+    assert done.stdout.splitlines()[-1] == f"exit {exit_code} False", done.stdout + done.stderr
+
+
+def test_demo_claims_runs_on_other_storages_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a remote DIR's report goes to the current folder
+    small = ["--steps", "1", "--prompts", "1"]
+    for _ in range(2):  # the second run replaces the demo's own runs
+        code, out, err = run_cli(capsys, "demo", "memory://demo-claims/d", *small)
+        assert code == 0, out + err
+    code, out, _ = run_cli(capsys, "ls", "memory://demo-claims/d/run_a", "--json")
+    listing = json.loads(out)
+    assert code == 0 and len(listing["dumps"]) == 3  # 1 sample, 1 batch, metrics
+    assert listing["record_segments"] == 1  # the first run's files were deleted
+    write_run("memory://demo-claims/e/run_a", {"mine": torch.arange(3)})
+    code, _, err = run_cli(capsys, "demo", "memory://demo-claims/e", *small)
+    assert code == 2 and "memory://demo-claims/e/run_a already holds files" in err
+    code, out, _ = run_cli(capsys, "ls", "memory://demo-claims/e/run_a", "--json")
+    assert [d["name"] for d in json.loads(out)["dumps"]] == ["mine"]

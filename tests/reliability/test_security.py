@@ -163,6 +163,10 @@ async def test_file_permission_modes(
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "dest" / "step1" / "obs.pth").stat().st_mode) == file_mode
     assert stat.S_IMODE((tmp_path / "dest" / "step1").stat().st_mode) == dir_mode
+    # The run's own folders too (#31): another user lists records and reads shards of a
+    # shared run exactly as far as the run's other folders allow.
+    for own in (".trajtrack", ".trajtrack/spool", ".trajtrack/records"):
+        assert stat.S_IMODE((tmp_path / "dest" / own).stat().st_mode) == dir_mode, own
 
 
 SECRET = "SECRET-7c1e-payload-do-not-log"

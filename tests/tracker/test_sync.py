@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -145,6 +147,7 @@ def test_flush_reraises_a_failure(tmp_path: Path) -> None:
     blocker.mkdir()
     tracker = SyncTracker(str(tmp_path / "d"))
     try:
+        tracker.flush(timeout=30)  # the storage starts in the background: now it has
         (tmp_path / "d" / "sub").write_text("a file where a directory is needed")
         handle = tracker.dump({"x": torch.ones(1)}, "sub/x")
         with pytest.raises(trajtrack.StorageError):
@@ -230,3 +233,156 @@ def test_forked_child_starts_clean(enabled: Path) -> None:
     assert parent.statistics().committed == 50
     assert len(list((enabled / "parent").glob("*.pth"))) == 50
     assert (enabled / "child" / "only.pth").exists()
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["never-closed", "with-block"])
+def test_a_script_whose_syncrun_call_raises_exits(tmp_path: Path, closed: bool) -> None:
+    # #31: the reader's facade left anyio's portal generator to interpreter teardown, where its
+    # thread could no longer run: the process hung for ever after the traceback.
+    run = tmp_path / "run"
+    SyncTracker(run).close(timeout=30)  # a real, empty run
+    opened = f"with trajtrack.SyncRun({str(run)!r}) as r:" if closed else "if True:"
+    reader = "r" if closed else f"trajtrack.SyncRun({str(run)!r})"
+    result = run_child(
+        f"""
+        import trajtrack
+        {opened}
+            {reader}.load("nope")
+        """,
+        {},
+        timeout=60,  # the hang was for ever; importing torch takes seconds
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.rstrip().endswith("no dump named 'nope'")
+    assert "StorageNotFoundError" in result.stderr
+
+
+@pytest.mark.parametrize("writer_process", [True, False], ids=["helper-process", "threads"])
+def test_a_refused_name_logs_one_line_naming_the_whole_dump(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, writer_process: bool
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="trajtrack")
+    options = {"writer_process": writer_process}
+    for attempt in range(2):
+        tracker = SyncTracker(tmp_path / "run", on_exists="error", storage_options=options)
+        try:
+            handle = tracker.dump({"x": torch.ones(2)}, "step0/obs.rank0")
+            if attempt == 0:
+                handle.result(timeout=30)
+                continue
+            caplog.clear()
+            with pytest.raises(trajtrack.DumpExistsError, match=r"step0/obs\.rank0\.pth exists"):
+                handle.result(timeout=30)
+        finally:
+            with contextlib.suppress(trajtrack.DumpExistsError):
+                tracker.close(timeout=30)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    assert errors[0].exc_info is None  # no traceback: the typed error says it all
+    assert "'step0/obs.rank0'" in errors[0].getMessage()
+    assert "step0/obs.rank0.pth exists" in errors[0].getMessage()
+
+
+def test_with_tracking_off_get_tracker_does_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # #31: flush raised "enabled but has no destination" in every untracked run.
+    for var in ("VERL_ENABLE_TRACKER", "TRAJTRACK_ENABLE", "TRAJTRACK_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("VERL_TRACKER_HDFS_DIR", str(tmp_path / "d"))
+    tracker = trajtrack.get_tracker()
+    assert not tracker.enabled
+    tracker.flush(timeout=60)
+    assert tracker.dump({"x": torch.ones(1)}, "x") is None
+    assert tracker.statistics().enqueued == 0
+    tracker.close(timeout=1)
+    monkeypatch.delenv("VERL_TRACKER_HDFS_DIR")
+    trajtrack.get_tracker().flush(timeout=60)  # no destination either: still nothing to do
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_flush_that_times_out_says_what_and_how_many_are_pending() -> None:
+    from trajtrack.backends.memory import MemoryStorage
+
+    release = threading.Event()
+
+    def hang(operation: str, path: str) -> None:
+        if operation == "write":
+            release.wait(30)
+
+    storage = MemoryStorage("memory://flush-timeout/run", fault=hang)
+    tracker = SyncTracker("memory://flush-timeout/run", storage=storage)
+    try:
+        for i in range(3):
+            tracker.dump({"i": torch.tensor(i)}, f"x{i}")
+        with pytest.raises(TimeoutError) as caught:
+            tracker.flush(timeout=0.2)
+        message = str(caught.value)
+        assert "flush of memory://flush-timeout/run timed out after 0.2 s" in message
+        assert "3 of the 3 dumps it waited for are still pending" in message
+    finally:
+        release.set()
+        tracker.close(timeout=30)
+
+
+def test_a_storage_that_never_starts_stalls_no_dump(caplog: pytest.LogCaptureFixture) -> None:
+    # #31: each dump_data waited out the storage's whole start (~26 s on a dead WebHDFS).
+    from trajtrack.backends.memory import MemoryStorage
+
+    caplog.set_level(logging.ERROR, logger="trajtrack")
+    starts: list[str] = []
+    release = threading.Event()
+
+    def dead(operation: str, path: str) -> None:
+        if operation == "prepare":
+            starts.append(path)
+            release.wait(30)  # still starting until the test says otherwise
+            raise trajtrack.StorageUnavailableError("connection refused (dead namenode)")
+
+    tracker = SyncTracker(
+        "memory://dead/run", storage=MemoryStorage("memory://dead/run", fault=dead)
+    )
+    try:
+        # While the storage starts, dumps are queued (the constructor and each dump returned
+        # with the start still blocked: nothing here waits for it).
+        handles = [tracker.dump({"i": torch.tensor(i)}, f"x{i}") for i in range(3)]
+        stats = tracker.statistics()
+        assert (stats.state, stats.pending_items) == ("starting", 3)
+        release.set()  # the start fails for good
+        for handle in handles:
+            with pytest.raises(trajtrack.TrackerFailedError, match="connection refused"):
+                handle.result(timeout=30)
+        for i in range(3):  # later dumps fail at once: no second start, typed, counted
+            with pytest.raises(trajtrack.TrackerFailedError, match="connection refused"):
+                tracker.dump({"i": torch.tensor(i)}, f"later{i}")
+        with pytest.raises(trajtrack.TrackerFailedError):
+            tracker.flush(timeout=30)
+        assert len(starts) == 1
+        assert tracker.statistics().failed == 6
+    finally:
+        release.set()
+        with contextlib.suppress(trajtrack.TrackerFailedError):
+            tracker.close(timeout=30)
+    said = [r for r in caplog.records if "connection refused" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]  # logged once
+
+
+def test_a_refused_webhdfs_port_fails_the_tracker_once(tmp_path: Path) -> None:
+    pytest.importorskip("hdfs")
+    import socket
+
+    with socket.socket() as closed:  # a port that refuses: bound, never listening
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        url = f"webhdfs://127.0.0.1:{port}/user/nobody/run"
+        tracker = SyncTracker(url, storage_options={"prepare_timeout": 1.0})
+        try:
+            handle = tracker.dump({"x": torch.ones(2)}, "step0/obs")  # queued: no wait
+            with pytest.raises(trajtrack.TrackerFailedError, match="unreachable"):
+                handle.result(timeout=60)
+            with pytest.raises(trajtrack.TrackerFailedError, match="unreachable"):
+                tracker.dump({"x": torch.ones(2)}, "step1/obs")
+            assert tracker.statistics().state == "failed"
+        finally:
+            with contextlib.suppress(trajtrack.TrackerFailedError):
+                tracker.close(timeout=30)

@@ -200,7 +200,7 @@ class HelperRuns:
             elif isinstance(failure, WriterGone):
                 result = StorageUnavailableError(f"{where}: {failure}")
             elif failure.exists:
-                result = exists_error(path.rpartition("/")[2])
+                result = exists_error(path)
             else:
                 result = translate(failure.oserror(where), where)
             report(start + offset, result)

@@ -149,7 +149,7 @@ class LocalStorage:
             raise ConfigurationError(f"destination {self._root} exists and is not a directory")
         with translated(str(self._root)):
             self._root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
-            os.close(self._open_dir([RECORDS_DIR, "spool"], mode=0o700))
+            os.close(self._open_dir([RECORDS_DIR, "spool"]))
             if not os.access(self._root, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "destination is not writable", str(self._root))
         self._real_root = os.path.realpath(self._root)
@@ -264,19 +264,20 @@ class LocalStorage:
             else:
                 directory = self._directory(tuple(parents), directories)
             try:
-                return self._write_in(directory, temp, name, payload, overwrite)
+                return self._write_in(directory, temp, path, payload, overwrite)
             finally:
                 if directories is None:
                     os.close(directory)
 
     def _write_in(
-        self, directory: int, temp: str, name: str, payload: Payload, overwrite: bool
+        self, directory: int, temp: str, path: str, payload: Payload, overwrite: bool
     ) -> WriteResult:
+        """Write *payload* to *temp* in *directory*, then publish it as *path*'s last part."""
         try:
             result = self._move_spool(directory, temp, payload) or self._write_temp(
                 directory, temp, payload
             )
-            self._publish(directory, temp, name, overwrite)
+            self._publish(directory, temp, path, overwrite)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(temp, dir_fd=directory)
@@ -310,7 +311,8 @@ class LocalStorage:
                 os.fsync(handle.fileno())
         return result
 
-    def _publish(self, directory: int, temp: str, name: str, overwrite: bool) -> None:
+    def _publish(self, directory: int, temp: str, path: str, overwrite: bool) -> None:
+        name = path.rpartition("/")[2]
         if overwrite:
             os.replace(temp, name, src_dir_fd=directory, dst_dir_fd=directory)
             return
@@ -318,7 +320,7 @@ class LocalStorage:
             # atomic: fails if `name` exists (a symbolic link included: never followed)
             os.link(temp, name, src_dir_fd=directory, dst_dir_fd=directory, follow_symlinks=False)
         except FileExistsError:
-            raise exists_error(name) from None
+            raise exists_error(path) from None  # the full name: the error names the dump
         os.unlink(temp, dir_fd=directory)
 
     async def read(self, path: str) -> bytes:

@@ -9,28 +9,21 @@ stderr.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-import anyio
-import torch
-
-import trajtrack.cli.demo as demo
-import trajtrack.cli.diff as diff
-import trajtrack.cli.export as export
-import trajtrack.cli.ls as ls
-import trajtrack.cli.show as show
-import trajtrack.cli.verify as verify
 from trajtrack._exceptions import TrajtrackError
 from trajtrack.cli._collector import collected_every
-from trajtrack.cli._common import EXIT_ERROR, Streams
-from trajtrack.reader import allow_in_this_process
+from trajtrack.cli._common import EXIT_ERROR, SUMMARIES, Streams
 
 __all__ = ["build_parser", "main"]
 
-_COMMANDS = (ls, show, diff, verify, export, demo)
+# Imported only when a command is on the line: `trajtrack --help`, `--version` and a missing
+# or unknown command answer without importing torch (seconds), which the commands need.
+_COMMANDS = ("ls", "show", "diff", "verify", "export", "demo")
 
 _EPILOG = """\
 exit codes:
@@ -46,6 +39,11 @@ swebhdfs://..., hdfs://NAMESERVICE/PATH (resolved through HADOOP_CONF_DIR).
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one subcommand per module in :data:`_COMMANDS`."""
+    return _parser(_COMMANDS)
+
+
+def _parser(load: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser; commands not in *load* are only their name and summary (not imported)."""
     from trajtrack import __version__
 
     parser = argparse.ArgumentParser(
@@ -59,8 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="count", default=0, help="log more on stderr (-vv: debug)"
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in _COMMANDS:
-        module.add_parser(commands)
+    for name in _COMMANDS:
+        if name in load:
+            importlib.import_module(f"trajtrack.cli.{name}").add_parser(commands)
+        else:
+            commands.add_parser(name, help=SUMMARIES[name])
+    for command in commands.choices.values():  # -v after the subcommand too (ls RUN -v)
+        command.add_argument(
+            "-v",
+            "--verbose",
+            action="count",
+            default=argparse.SUPPRESS,  # not given here: the count before the subcommand
+            help="log more on stderr (-vv: debug)",
+        )
     return parser
 
 
@@ -82,12 +91,18 @@ def main(
         stderr: Where messages and progress bars go (default: ``sys.stderr``).
     """
     streams = Streams(stdout or sys.stdout, stderr or sys.stderr)
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser([arg for arg in argv if arg in _COMMANDS])  # the command's own, only
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     _configure_logging(args.verbose, streams.err)
+    import anyio  # the commands' own imports (torch) are done by now
+    import torch
+
+    from trajtrack.reader import allow_in_this_process
+
     # The commands parallelize across files (threads); torch's own intra-op threads on top of
     # that oversubscribe the cores (measured: a 1 MB compare 5x slower with 2 threads on 2
     # cores under load). This is the CLI's own process, so it may set this globally.

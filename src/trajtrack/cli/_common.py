@@ -16,6 +16,7 @@ __all__ = [
     "EXIT_DIFFERENT",
     "EXIT_ERROR",
     "EXIT_OK",
+    "SUMMARIES",
     "Streams",
     "add_output_options",
     "format_size",
@@ -24,6 +25,16 @@ __all__ = [
     "table",
     "write_json",
 ]
+
+SUMMARIES = {
+    "ls": "list the dumps of a run",
+    "show": "show the structure of one dump",
+    "diff": "compare two runs dump by dump",
+    "verify": "check every recorded dump's presence, size and checksum",
+    "export": "write any run (sharded, files, or a mix) in the files layout",
+    "demo": "simulate two rollouter runs, then list and diff them",
+}
+"""Each command's one line in ``trajtrack --help`` (known without importing the command)."""
 
 EXIT_OK = 0
 EXIT_DIFFERENT = 1  # diff: the runs differ; verify: problems found

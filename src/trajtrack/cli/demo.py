@@ -12,6 +12,7 @@ goes to ``DIR/diff-report.html`` (for a remote DIR: ``./trajtrack-demo-diff-repo
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import time
 from dataclasses import dataclass
@@ -26,9 +27,9 @@ import torch
 import trajtrack.cli.diff as diff_command
 import trajtrack.cli.ls as ls_command
 from trajtrack._exceptions import ConfigurationError, MissingDependencyError
-from trajtrack.backends import scheme_of
+from trajtrack.backends import BytesPayload, open_storage, scheme_of
 from trajtrack.backends.local import LocalStorage
-from trajtrack.cli._common import EXIT_DIFFERENT, EXIT_OK, Streams, format_size
+from trajtrack.cli._common import EXIT_DIFFERENT, EXIT_OK, SUMMARIES, Streams, format_size
 from trajtrack.rollout import (
     MetricsAggregator,
     RolloutBatch,
@@ -38,7 +39,10 @@ from trajtrack.rollout import (
 )
 from trajtrack.tracker import Tracker, TrackerStatistics
 
-__all__ = ["DemoConfig", "add_parser", "run", "simulate_run"]
+__all__ = ["DEMO_MARKER", "DemoConfig", "add_parser", "run", "simulate_run"]
+
+DEMO_MARKER = ".trajtrack/demo-run"
+"""The file that marks a run as the demo's own: only such runs are replaced by a rerun."""
 
 _PROMPT_LEN = 16
 _RESPONSE_LEN = 24
@@ -64,7 +68,7 @@ _DEFAULTS = DemoConfig()
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "demo",
-        help="simulate two rollouter runs, then list and diff them",
+        help=SUMMARIES["demo"],
         description=(
             "Run two short simulated async-rollouter runs into DIR/run_a and DIR/run_b "
             "(identical seeds; run B perturbs one element of one tensor in one step), print "
@@ -72,7 +76,11 @@ def add_parser(commands: Any) -> None:
             "pinpoints the perturbed step, with its HTML report in DIR/diff-report.html "
             "(for a remote DIR: ./trajtrack-demo-diff-report.html; needs "
             "pip install 'trajtrack[report]'). DIR may be any storage URL (e.g. webhdfs://...). "
-            "Exit 0 when the diff found exactly the perturbation."
+            "Exit 0 when the diff found exactly the perturbation. "
+            "It writes DIR/run_a, DIR/run_b (each marked as the demo's by "
+            f"{DEMO_MARKER}) and the report. A rerun replaces runs that carry the mark and "
+            "nothing else: a run_a or run_b folder holding anything the demo did not write "
+            "(your own run, say) is refused with exit 2 and left as it is."
         ),
     )
     parser.add_argument(
@@ -112,7 +120,8 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
         raise ConfigurationError("the demo needs --steps >= 1, --prompts >= 1 and --n >= 2")
     base = args.dest.rstrip("/") or args.dest
     url_a, url_b = f"{base}/run_a", f"{base}/run_b"
-    await _clear_previous(url_a, url_b)
+    for url in (url_a, url_b):
+        await _claim(url)
     target = f"step{config.perturb_step}/sample{config.perturb_prompt}"
     streams.line(
         f"Simulating 2 runs of an async rollouter: {config.steps} steps x {config.prompts} "
@@ -195,19 +204,35 @@ def _stats_line(stats: TrackerStatistics) -> str:
     )
 
 
-async def _clear_previous(*urls: str) -> None:
-    """Remove earlier demo runs at local destinations (only trajtrack-written folders)."""
-    for url in urls:
-        if scheme_of(url) != "file" or url.startswith("file://"):
-            continue
-        path = Path(url)
-        if not await anyio.to_thread.run_sync(path.exists):
-            continue
-        if not await anyio.to_thread.run_sync((path / ".trajtrack").is_dir):
+async def _claim(url: str) -> None:
+    """Make *url* the demo's run: empty, or an earlier demo run (cleared); refuse anything else.
+
+    The demo marks each run it writes (:data:`DEMO_MARKER`); a folder holding files but no
+    mark is someone's data (a run of their own may well be called ``run_a``), never replaced.
+
+    Raises:
+        ConfigurationError: *url* holds files the demo did not write.
+    """
+    storage = await anyio.to_thread.run_sync(open_storage, url)
+    try:
+        files = await storage.list()
+        if files and not any(f.path == DEMO_MARKER for f in files):
             raise ConfigurationError(
-                f"{path} exists and was not written by trajtrack; choose another DIR"
+                f"{url} already holds files that `trajtrack demo` did not write; refusing to "
+                "replace them: choose another DIR (or remove that folder yourself)"
             )
-        await anyio.to_thread.run_sync(shutil.rmtree, path)
+        if isinstance(storage, LocalStorage):  # the whole tree, empty folders included
+            await anyio.to_thread.run_sync(
+                functools.partial(shutil.rmtree, storage.root, ignore_errors=True)
+            )
+        else:
+            for info in files:
+                await storage.delete(info.path)
+        await storage.prepare()
+        marker = BytesPayload(b"written by `trajtrack demo`: it replaces this run when rerun\n")
+        await storage.write_atomic(DEMO_MARKER, marker, overwrite=True)
+    finally:
+        await storage.aclose()
 
 
 async def simulate_run(url: str, config: DemoConfig, *, perturb: bool) -> TrackerStatistics:

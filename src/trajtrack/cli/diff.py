@@ -8,6 +8,7 @@ from typing import Any
 import anyio.to_thread
 
 from trajtrack.cli._common import (
+    SUMMARIES,
     Streams,
     add_output_options,
     non_negative_float,
@@ -43,7 +44,7 @@ _LABELS = {
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "diff",
-        help="compare two runs dump by dump",
+        help=SUMMARIES["diff"],
         description=(
             "Pair the dumps of two runs by name and compare them structurally: missing and "
             "extra dumps and keys, type/length/shape/dtype mismatches, and for numbers the "
@@ -183,6 +184,10 @@ def render(result: RunDiff, *, max_dumps: int = 20, per_dump: int = 5) -> list[s
         f"tolerance: |a-b| <= {tol.atol:g} + {tol.rtol:g}*|b|, {nan}",
     ]
     lines.extend(_ignored_lines(result))
+    counts = result.counts()
+    for side, other in (("A", "only_in_b"), ("B", "only_in_a")):  # an empty run, said once
+        if not result.comparisons or counts[other] == len(result.comparisons):
+            lines.append(f"{side} has no dumps")
     first = result.first_divergence()
     if first is not None:
         lines.append(f"first divergence: {first.name}")
@@ -202,7 +207,6 @@ def render(result: RunDiff, *, max_dumps: int = 20, per_dump: int = 5) -> list[s
     if hidden > 0:
         lines.append(f"... {hidden} more differing dumps (--max-dumps, or --json for all)")
     lines.extend(_note_lines(result))
-    counts = result.counts()
     lines.append(
         f"{len(result.comparisons)} dumps: {counts['equal']} equal, "
         f"{counts['different']} different, {counts['only_in_a']} only in A, "

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trajtrack.cli._common import (
     EXIT_OK,
+    SUMMARIES,
     Streams,
     add_output_options,
     format_size,
@@ -14,7 +15,9 @@ from trajtrack.cli._common import (
     table,
     write_json,
 )
-from trajtrack.reader import DumpInfo, open_run
+
+if TYPE_CHECKING:
+    from trajtrack.reader import DumpInfo
 
 __all__ = ["add_parser", "run"]
 
@@ -22,7 +25,7 @@ __all__ = ["add_parser", "run"]
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "ls",
-        help="list the dumps of a run",
+        help=SUMMARIES["ls"],
         description=(
             "List the dumps of a run in dump order (commit time, then name), from the record "
             "the trackers wrote; files in no record are listed too and flagged 'unrecorded', "
@@ -41,6 +44,8 @@ def add_parser(commands: Any) -> None:
 
 
 async def run(args: argparse.Namespace, streams: Streams) -> int:
+    from trajtrack.reader import open_run  # not at import: `trajtrack --help` needs no torch
+
     async with open_run(args.url) as source:
         listing = await source.scan()
         dumps = await source.list(args.glob)

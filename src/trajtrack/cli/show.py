@@ -15,6 +15,7 @@ import torch
 
 from trajtrack.cli._common import (
     EXIT_OK,
+    SUMMARIES,
     Streams,
     add_output_options,
     format_size,
@@ -43,7 +44,7 @@ _BATCH_PARTS = ("batch", "non_tensor_batch", "meta_info")
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "show",
-        help="show the structure of one dump",
+        help=SUMMARIES["show"],
         description=(
             "Load one dump (safely: torch.load(weights_only=True) with trajtrack's allow-list) "
             "and print its nested structure: keys, tensor shapes, dtypes, devices, "

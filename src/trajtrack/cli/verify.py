@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import zlib
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import anyio.to_thread
 
@@ -13,6 +13,7 @@ from trajtrack.backends import checksum_of
 from trajtrack.cli._common import (
     EXIT_DIFFERENT,
     EXIT_OK,
+    SUMMARIES,
     Streams,
     add_output_options,
     format_size,
@@ -20,7 +21,9 @@ from trajtrack.cli._common import (
     table,
     write_json,
 )
-from trajtrack.reader import DumpInfo, Run, dump_batches, gather_bounded, open_run
+
+if TYPE_CHECKING:
+    from trajtrack.reader import DumpInfo, Run
 
 __all__ = ["Finding", "add_parser", "run", "verify_run"]
 
@@ -48,7 +51,7 @@ class Finding(NamedTuple):
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "verify",
-        help="check every recorded dump's presence, size and checksum",
+        help=SUMMARIES["verify"],
         description=(
             "Check the run against its record: every recorded dump must be present with the "
             "recorded size and CRC-32 checksum (each file with the right size is read once, "
@@ -59,7 +62,8 @@ def add_parser(commands: Any) -> None:
             "(outside: never read). Unreadable record lines are reported too."
         ),
         epilog="exit codes: 0 no problem, 1 problems found (unrecorded files count unless "
-        "--allow-unrecorded), 2 usage or I/O error.",
+        "--allow-unrecorded; a run with no dumps, nothing verified, counts too), 2 usage or "
+        "I/O error.",
     )
     parser.add_argument("url", metavar="URL", help="the run: a local path or a storage URL")
     parser.add_argument(
@@ -76,6 +80,8 @@ async def verify_run(
     source: Run, glob: str | None = None, *, on_progress: Any = None
 ) -> list[Finding]:
     """Verify a run's dumps against its record; one :class:`Finding` per dump, dump order."""
+    from trajtrack.reader import dump_batches, gather_bounded  # not at import: no torch
+
     dumps = await source.list(glob)
     to_read = [
         d
@@ -173,6 +179,8 @@ def _size_finding(info: DumpInfo, actual: int) -> Finding:
 
 
 async def run(args: argparse.Namespace, streams: Streams) -> int:
+    from trajtrack.reader import open_run  # not at import: `trajtrack --help` needs no torch
+
     update, close = progress_callback(streams, "verify", quiet=args.quiet)
     async with open_run(args.url, concurrency=args.concurrency) as source:
         listing = await source.scan()
@@ -188,7 +196,9 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     failing = {"missing", "truncated", "oversized", "corrupt", "outside"}
     if not args.allow_unrecorded:
         failing.add("unrecorded")
-    failed = any(f.problem in failing for f in findings) or listing.bad_record_lines > 0
+    # A run with no dumps (an empty folder, a mistyped --glob) verified nothing: not "OK".
+    empty = not findings
+    failed = empty or any(f.problem in failing for f in findings) or listing.bad_record_lines > 0
     code = EXIT_DIFFERENT if failed else EXIT_OK
     if args.json:
         write_json(
@@ -197,6 +207,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
                 "url": args.url,
                 "ok": not failed,
                 "exit_code": code,
+                "no_dumps": empty,
                 "counts": counts,
                 "bad_record_lines": listing.bad_record_lines,
                 "problems": [f.to_json() for f in findings if f.problem != "ok"],
@@ -211,6 +222,10 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
             streams.line(line)
     if listing.bad_record_lines:
         streams.line(f"{listing.bad_record_lines} unreadable record lines were skipped")
+    if empty:
+        matching = f" matching {args.glob!r}" if args.glob else ""
+        streams.line(f"FAILED: the run has no dumps{matching}: nothing to verify")
+        return code
     summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n or k == "ok")
     verdict = "FAILED" if failed else "OK"
     streams.line(f"{verdict}: {len(findings)} dumps checked: {summary}")

@@ -12,8 +12,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Union
 
-from trajtrack._exceptions import DumpLoadError
+import anyio
+
+from trajtrack._exceptions import DumpExistsError, StorageError
 from trajtrack.backends import BytesPayload, Storage, checksum_of
 from trajtrack.layouts.names import WriterIdentity
 from trajtrack.layouts.records import DumpRecord, encode_segment, new_writer_id, segment_path
@@ -33,13 +36,29 @@ class ExportResult:
 
     Attributes:
         written: Dumps written to the destination.
-        skipped: Dumps not written, with the reason (missing, refused, corrupt).
+        skipped: Dumps not written, with the reason (missing, refused, corrupt, unreadable,
+            or already in the destination with other bytes).
         bytes_written: Their bytes.
+        unchanged: Dumps the destination already held with the same bytes (an earlier
+            export): not written again, recorded again.
+        existing: The names of the skipped dumps that the destination holds with other bytes
+            (``overwrite=True`` replaces them).
     """
 
     written: int
     skipped: tuple[tuple[str, str], ...]
     bytes_written: int
+    unchanged: int = 0
+    existing: tuple[str, ...] = ()
+
+
+_Outcome = Union[DumpRecord, "_Same", str, StorageError]
+"""One dump's outcome: written (its record), already there, skipped (why), or a write error."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Same:
+    record: DumpRecord  # the destination already holds these bytes
 
 
 async def export_run(
@@ -52,62 +71,129 @@ async def export_run(
 ) -> ExportResult:
     """Copy every present dump of *source* (matching *glob*) into *destination* as files.
 
-    A dump whose bytes do not match its recorded checksum is not copied (it is reported in
-    ``skipped``): an export never launders corruption into a clean-looking run.
+    Idempotent: a dump the destination already holds with the same bytes is not written
+    again (``unchanged``); one it holds with other bytes is skipped, by name, unless
+    *overwrite*. A dump whose bytes do not match its recorded checksum, or that cannot be
+    read, is skipped too (reported in ``skipped``): an export never launders corruption into
+    a clean-looking run. Every file the export wrote or found is in the record it writes,
+    also when it fails part-way.
 
     Raises:
-        StorageError: Listing the source or writing the destination failed.
+        StorageError: Listing the source or writing the destination failed (nothing is
+            created in the destination when the source cannot be listed).
     """
+    dumps = await source.list(glob)  # first: a run that cannot be read leaves nothing behind
     await destination.prepare()
-    dumps = await source.list(glob)
     todo = [d for d in dumps if d.present and d.problem is None]
     skipped = [
         (d.name, d.problem or "missing from the storage")
         for d in dumps
         if not (d.present and d.problem is None)  # not a search of todo: one pass
     ]
+    done = [0]
+    records: list[DumpRecord] = []  # filled as batches finish: recorded even after a failure
 
-    async def copy(batch: list[DumpInfo]) -> list[DumpRecord | str]:
-        # Read together (a span of neighbouring shard members: one read), written together
-        # (a local destination: one worker-thread hop), each dump's outcome its own.
-        outcomes: list[DumpRecord | str] = []
-        items: list[tuple[str, BytesPayload]] = []
-        for info, data in zip(batch, await source.read_many(batch), strict=True):
-            if isinstance(data, Exception):
-                raise data
-            checksum = checksum_of(data)
-            if info.checksum is not None and checksum != info.checksum:
-                outcomes.append(f"checksum {checksum}, recorded {info.checksum}")
-                continue
-            outcomes.append(_record(info, len(data), checksum))
-            items.append((info.path, BytesPayload(data)))
-        for result in await destination.write_atomic_many(items, overwrite=overwrite):
-            if isinstance(result, Exception):
-                raise result
+    async def copy(batch: list[DumpInfo]) -> list[_Outcome]:
+        outcomes = await _copy_batch(source, destination, batch, overwrite)
+        records.extend(_recorded(o) for o in outcomes if isinstance(o, (DumpRecord, _Same)))
         done[0] += len(batch)
         if on_progress is not None:
             on_progress(done[0], len(todo))
         return outcomes
 
-    done = [0]
     batches = dump_batches(todo)
-    copied = await gather_bounded(batches, copy, limit=source.concurrency)
+    try:
+        copied = await gather_bounded(batches, copy, limit=source.concurrency)
+    finally:
+        await _write_record(destination, records)
     ordered = [info for batch in batches for info in batch]  # the order of the outcomes
-    copies = list(zip(ordered, [r for out in copied for r in out], strict=True))
-    records = [r for _, r in copies if isinstance(r, DumpRecord)]
-    skipped += [(d.name, r) for d, r in copies if isinstance(r, str)]
-    if records:
-        writer = new_writer_id(WriterIdentity.current())
-        segment = BytesPayload(encode_segment(records))
-        await destination.write_atomic(segment_path(writer, 0), segment, overwrite=True)
+    outcomes = list(zip(ordered, [o for out in copied for o in out], strict=True))
+    failure = next((o for _, o in outcomes if isinstance(o, StorageError)), None)
+    if failure is not None:
+        raise failure
+    skipped += [(d.name, o) for d, o in outcomes if isinstance(o, str)]
     for name, why in skipped:
         logger.warning("not exported: %s (%s)", name, why)
-    return ExportResult(len(records), tuple(skipped), sum(r.size for r in records))
+    written = [o for _, o in outcomes if isinstance(o, DumpRecord)]
+    return ExportResult(
+        written=len(written),
+        skipped=tuple(skipped),
+        bytes_written=sum(r.size for r in written),
+        unchanged=sum(isinstance(o, _Same) for _, o in outcomes),
+        existing=tuple(d.name for d, o in outcomes if o == _EXISTS),
+    )
+
+
+_EXISTS = "the destination holds other bytes under this name; not replaced (overwrite replaces it)"
+
+
+async def _copy_batch(
+    source: Run, destination: Storage, batch: list[DumpInfo], overwrite: bool
+) -> list[_Outcome]:
+    """Read *batch* together (neighbouring shard members: one read), write it together (a
+    local destination: one worker-thread hop); each dump's outcome its own."""
+    outcomes: list[_Outcome] = []
+    items: list[tuple[str, BytesPayload]] = []
+    places: list[int] = []  # the outcome each item's write settles
+    for info, data in zip(batch, await source.read_many(batch), strict=True):
+        if isinstance(data, Exception):  # a dangling link, a vanished file: this dump only
+            outcomes.append(f"not read: {data}")
+            continue
+        checksum = checksum_of(data)
+        if info.checksum is not None and checksum != info.checksum:
+            outcomes.append(f"checksum {checksum}, recorded {info.checksum}")
+        elif info.size != len(data):
+            outcomes.append(f"read {len(data)} bytes, recorded {info.size}")
+        else:
+            places.append(len(outcomes))
+            outcomes.append(_record(info, len(data), checksum))
+            items.append((info.path, BytesPayload(data)))
+    written = await destination.write_atomic_many(items, overwrite=overwrite)
+    for place, result in zip(places, written, strict=True):
+        record = outcomes[place]
+        assert isinstance(record, DumpRecord)
+        if isinstance(result, DumpExistsError):
+            outcomes[place] = await _existing(destination, record)
+        elif isinstance(result, StorageError):
+            outcomes[place] = result
+        elif isinstance(result, Exception):
+            outcomes[place] = StorageError(f"writing {record.path}: {result}")
+    return outcomes
+
+
+async def _existing(destination: Storage, record: DumpRecord) -> _Outcome:
+    """What to make of *record*'s path already taken in *destination*: same bytes or not."""
+    try:
+        held = await destination.read(record.path)
+    except StorageError as exc:
+        return f"in the destination already, and not readable there: {exc}"
+    if len(held) == record.size and checksum_of(held) == record.checksum:
+        return _Same(record)
+    return _EXISTS
+
+
+def _recorded(outcome: DumpRecord | _Same) -> DumpRecord:
+    return outcome.record if isinstance(outcome, _Same) else outcome
+
+
+async def _write_record(destination: Storage, records: list[DumpRecord]) -> None:
+    """One record segment for *records*, also while the export is being cancelled."""
+    if not records:
+        return
+    writer = new_writer_id(WriterIdentity.current())
+    segment = BytesPayload(encode_segment(records))
+    with anyio.move_on_after(_RECORD_TIMEOUT, shield=True):
+        await destination.write_atomic(segment_path(writer, 0), segment, overwrite=True)
+        return
+    raise StorageError(  # pragma: no cover - a storage that hangs past its own timeouts
+        f"writing the export's record to {destination.url} took over {_RECORD_TIMEOUT:g} s"
+    )
+
+
+_RECORD_TIMEOUT = 60.0  # seconds; a storage's own requests time out well before
 
 
 def _record(info: DumpInfo, size: int, checksum: str) -> DumpRecord:
-    if info.size != size:
-        raise DumpLoadError(f"{info.name}: read {size} bytes, recorded {info.size}")
     return DumpRecord(
         name=info.name,
         path=info.path,

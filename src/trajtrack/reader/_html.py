@@ -12,6 +12,8 @@ import os
 import string
 from pathlib import Path
 
+from trajtrack._exceptions import StorageNotFoundError
+
 __all__ = ["CSS", "escape", "number", "page", "write_atomically"]
 
 CSS = """
@@ -80,7 +82,12 @@ def write_atomically(path: Path, text: str) -> None:
     """Write *text* (UTF-8) to a temporary file beside *path*, then rename it over *path*."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        temporary.write_text(text, encoding="utf-8")
+        try:
+            temporary.write_text(text, encoding="utf-8")
+        except FileNotFoundError:  # the folder: name what was asked for, not the temp file
+            raise StorageNotFoundError(
+                f"cannot write {path}: no such directory {path.parent}"
+            ) from None
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)

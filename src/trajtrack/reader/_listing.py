@@ -21,7 +21,11 @@ from typing import Final
 
 import anyio.to_thread
 
-from trajtrack._exceptions import StorageNotFoundError, StoragePermissionError
+from trajtrack._exceptions import (
+    ConfigurationError,
+    StorageNotFoundError,
+    StoragePermissionError,
+)
 from trajtrack.backends import FileInfo, Storage
 from trajtrack.backends.local import LocalStorage
 from trajtrack.layouts.names import is_internal_path, parse_temp_path
@@ -167,6 +171,10 @@ async def _check_exists(storage: Storage) -> None:
     # Other backends report a missing root from list() themselves, or cannot tell.
     root = storage.local_path("")
     if root is not None and not await anyio.to_thread.run_sync(os.path.isdir, root):
+        if await anyio.to_thread.run_sync(os.path.lexists, root):  # a file given for a run
+            raise ConfigurationError(
+                f"{storage.url} is not a directory: a run is the folder the tracker wrote"
+            )
         raise StorageNotFoundError(f"{storage.url}: no such directory")
 
 

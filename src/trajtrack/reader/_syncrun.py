@@ -3,38 +3,50 @@
 from __future__ import annotations
 
 import builtins
+import concurrent.futures
 import os
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 
+from trajtrack._loop_thread import LoopThread
 from trajtrack.reader._dumps import DumpInfo, RunListing
 from trajtrack.reader._replay import Replay
 from trajtrack.reader._run import Run
 from trajtrack.rollout._manifest import STEP_MANIFEST
 
-__all__ = ["SyncRun"]
+__all__ = ["CLOSE_TIMEOUT", "SyncRun"]
 
 R = TypeVar("R")
+
+CLOSE_TIMEOUT = 30.0
+"""Seconds :meth:`SyncRun.close` waits for the storage to close before it gives up on it."""
 
 
 class SyncRun:
     """A blocking facade over :class:`Run`, for synchronous code.
 
     ``with SyncRun(url) as run: run.list(); run.load(name)``. It runs the async reader in an
-    event loop on a background thread (an anyio blocking portal).
+    event loop on a daemon thread of its own (an anyio blocking portal). A facade that is
+    never closed (a script that raised) holds up nothing: at interpreter exit, or when it is
+    garbage-collected, its storage is closed within :data:`CLOSE_TIMEOUT` seconds and its
+    thread stops.
     """
 
     def __init__(self, url: str | os.PathLike[str], **options: Any) -> None:
-        self._portal_cm = start_blocking_portal()
-        self._portal: BlockingPortal = self._portal_cm.__enter__()
+        self._loop = LoopThread("trajtrack-reader")
+        self._portal: BlockingPortal = self._loop.portal
         try:
             self._run: Run = self._portal.call(_make_run, os.fspath(url), options)
         except BaseException:
-            self._portal_cm.__exit__(None, None, None)
+            self._loop.stop(CLOSE_TIMEOUT)
             raise
+        # Not a method of self (the finalizer must not keep the facade alive); also runs at
+        # exit (atexit), while the loop's thread still runs.
+        self._closer = weakref.finalize(self, _close, self._loop, self._run)
 
     @property
     def run(self) -> Run:
@@ -103,11 +115,13 @@ class SyncRun:
                 yield info, self.load(info)
 
     def close(self) -> None:
-        """Close the storage and stop the background event loop."""
-        try:
-            self._portal.call(self._run.aclose)
-        finally:
-            self._portal_cm.__exit__(None, None, None)
+        """Close the storage and stop the background event loop; idempotent.
+
+        Raises:
+            TimeoutError: Closing took over :data:`CLOSE_TIMEOUT` seconds (the loop is stopped
+                anyway).
+        """
+        self._closer()
 
     def __enter__(self) -> SyncRun:
         return self
@@ -132,3 +146,18 @@ async def _make_run(url: str, options: dict[str, Any]) -> Run:
     # Opened on the portal's loop (the storage itself in a worker thread), so a backend that
     # binds to the running loop binds there.
     return await Run(url, **options).open()
+
+
+def _close(loop: LoopThread, run: Run) -> None:
+    """Close *run* on *loop* within :data:`CLOSE_TIMEOUT`, then stop the loop."""
+    try:
+        future = loop.portal.start_task_soon(run.aclose)
+        try:
+            future.result(timeout=CLOSE_TIMEOUT)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(
+                f"closing the run {run.url}: the storage did not close within {CLOSE_TIMEOUT:g} s"
+            ) from None
+    finally:
+        loop.stop(CLOSE_TIMEOUT)

@@ -50,11 +50,12 @@ from trajtrack.tracker._runner import TrackerState
 from trajtrack.tracker._serialize import Serializer, torch_save
 from trajtrack.tracker._snapshot import NUMPY_DTYPES, NotPlainError, measure_plain, snapshot_plain
 from trajtrack.tracker._stats import TrackerStatistics
-from trajtrack.tracker._sync import SyncTracker, dump_data, get_tracker
+from trajtrack.tracker._sync import DisabledTracker, SyncTracker, dump_data, get_tracker
 from trajtrack.tracker._tracker import Tracker
 
 __all__ = [
     "NUMPY_DTYPES",
+    "DisabledTracker",
     "DumpHandle",
     "FullPolicy",
     "NotPlainError",

@@ -14,7 +14,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trajtrack._exceptions import DumpDroppedError
+from trajtrack._exceptions import DumpDroppedError, TrajtrackError
 from trajtrack.layouts.records import DumpRecord
 from trajtrack.tracker._future import DumpFuture
 from trajtrack.tracker._handle import DumpHandle
@@ -84,7 +84,18 @@ class Ledger:
 
     def failed(self, job: Job, exc: BaseException) -> None:
         """*job* failed with *exc*: counted, logged, kept for the next ``flush()``."""
-        logger.error("dump %r to %s failed: %s", job.name, self._destination, exc, exc_info=exc)
+        # A typed error says what went wrong in its message (a name refused by on_exists, a
+        # storage error): one line. A traceback only for the unexpected (at debug, always).
+        expected = isinstance(exc, TrajtrackError)
+        logger.error(
+            "dump %r to %s failed: %s",
+            job.name,
+            self._destination,
+            exc,
+            exc_info=None if expected else exc,
+        )
+        if expected:
+            logger.debug("dump %r failed here", job.name, exc_info=exc)
         with self.counters.lock:
             self.counters.failed += 1
             self._failure_count += 1

@@ -53,6 +53,8 @@ class TrackerState(enum.Enum):
     """Lifecycle of a :class:`~trajtrack.Tracker`."""
 
     NEW = "new"
+    STARTING = "starting"
+    """Dumps are admitted (queued) while the storage is being prepared (the sync shim)."""
     RUNNING = "running"
     CLOSING = "closing"
     CLOSED = "closed"
@@ -119,6 +121,7 @@ class Runner:
         self._stop_ticker: anyio.Event | None = None
         self._close_done: anyio.Event | None = None
         self._fatal: BaseException | None = None
+        self._start_done: anyio.Event | None = None  # admit_early(): set when start() ends
 
     # ------------------------------------------------------------------ parts
 
@@ -140,11 +143,14 @@ class Runner:
 
     def check_running(self, what: str = "dump") -> None:
         """Raise the error that says why *what* is not possible, unless running."""
-        if self.state is TrackerState.RUNNING:
+        if self.state is TrackerState.RUNNING or self.state is TrackerState.STARTING:
             return
         if self.state is TrackerState.NEW:
             raise TrackerStateError(f"cannot {what}: the tracker has not been started")
         if self.state is TrackerState.FAILED:
+            if what == "dump":  # refused at once, and counted (the failure was logged once)
+                with self._ledger.counters.lock:
+                    self._ledger.counters.failed += 1
             raise self._failed_error()
         raise TrackerClosedError(f"cannot {what}: the tracker is {self.state.value}")
 
@@ -153,20 +159,49 @@ class Runner:
 
     # ------------------------------------------------------------------ start
 
+    def admit_early(self) -> None:
+        """Queue dumps from now on, before :meth:`start` (called next, on the same loop) has
+        prepared the storage. Should that start fail, the tracker becomes ``FAILED``: the
+        queued dumps fail with it and later ones at once, instead of each waiting for
+        another start."""
+        self._open_queue()
+        self._start_done = anyio.Event()
+        self.state = TrackerState.STARTING
+
+    def _open_queue(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._finished, self._stop_ticker, self._close_done = (anyio.Event() for _ in range(3))
+        self._queue = PendingQueue(
+            self._loop, self._config.max_bytes, self._config.max_items, self._ledger.dropped
+        )
+
     async def start(self, storage: Storage) -> None:
         """Prepare *storage*, sweep it, start the workers under the supervisor."""
+        early = self._start_done is not None
+        try:
+            await self._start(storage, early)
+        except BaseException as exc:
+            if early:
+                assert self._finished is not None
+                self._crash(exc)  # the queued dumps fail; later ones at once
+                self._finished.set()  # no workers will ever run
+            raise
+        finally:
+            if self._start_done is not None:
+                self._start_done.set()
+
+    async def _start(self, storage: Storage, early: bool) -> None:
         await storage.prepare()
         spool = self._config.layout.spool_dir_for(storage)
         if self._config.sweep:
             await sweep_stale(storage, self._config.who)
             if storage.spool_dir is None:  # a remote destination spools on this machine
                 await anyio.to_thread.run_sync(sweep_local, spool, self._config.who)
-        self._loop = asyncio.get_running_loop()
-        self._finished, self._stop_ticker, self._close_done = (anyio.Event() for _ in range(3))
+        if not early:
+            self._open_queue()
+        assert self._queue is not None
+        assert self._loop is not None
         self._storage = storage
-        self._queue = PendingQueue(
-            self._loop, self._config.max_bytes, self._config.max_items, self._ledger.dropped
-        )
         self._recorder = Recorder(
             storage,
             self._config.writer,
@@ -258,6 +293,8 @@ class Runner:
             self._queue.close(self._failed_error)
             self._queue.drain_queued()
         count = self._ledger.settle_all(self._failed_error)
+        with self._ledger.counters.lock:
+            self._ledger.counters.failed += count
         if count:
             logger.error("%d pending dumps of %s were not written", count, self._url)
 
@@ -275,14 +312,24 @@ class Runner:
         if self.state is TrackerState.CLOSED:
             raise TrackerClosedError("cannot flush: the tracker is closed")
         self.check_running("flush")
-        assert self._recorder is not None
         waiting = self._ledger.outstanding()
-        with anyio.fail_after(timeout):
+        with anyio.move_on_after(timeout) as scope:
+            if self._start_done is not None:  # queued while the storage starts: wait for it
+                await self._start_done.wait()
+                self.check_running("flush")  # the start failed: say so
+            assert self._recorder is not None
             await self._layout.seal_after(waiting)
             await wait_all([job.future for job in waiting])
             if self._fatal is not None:
                 raise self._failed_error()
             await self._recorder.write()
+        if scope.cancelled_caught:
+            left = sum(not job.future.done() for job in waiting)
+            raise TimeoutError(
+                f"flush of {self._url} timed out after {timeout} s: {left} of the "
+                f"{len(waiting)} dumps it waited for are still pending"
+                + ("" if left else " (the record was being written)")
+            )
         failure = self._ledger.take_failure()
         if failure is not None:
             raise failure
@@ -293,6 +340,8 @@ class Runner:
         """Drain (under *timeout*), seal, record, release the storage; raise what failed."""
         assert self._close_done is not None
         assert self._stop_ticker is not None
+        if self._start_done is not None and not await self._started_within(timeout):
+            return
         if self.state not in (TrackerState.RUNNING, TrackerState.FAILED):
             await self._close_done.wait()  # a concurrent or earlier close did the work
             return
@@ -316,6 +365,32 @@ class Runner:
         failure = self._ledger.take_failure()
         if failure is not None:
             raise failure
+
+    async def _started_within(self, timeout: float | None) -> bool:
+        """Whether a tracker that admitted dumps early has started (or failed to) in time to
+        be closed as usual; else (or when its start failed) it is closed here, its queued
+        dumps failed, and ``False`` returned or the failure raised."""
+        assert self._start_done is not None
+        assert self._close_done is not None
+        with anyio.move_on_after(timeout):
+            await self._start_done.wait()
+        if self._task is not None or self._close_done.is_set():  # started: the usual close
+            return True
+        if self.state is TrackerState.STARTING:  # still starting: nothing can be written
+            self.queue.close(lambda: TrackerClosedError("the tracker closed while starting"))
+            self.queue.drain_queued()
+            count = self._ledger.settle_all(_not_written)
+            logger.error(
+                "closing %s: %d dumps were not written: the storage never started within %s s",
+                self._url,
+                count,
+                timeout,
+            )
+        self.state = TrackerState.CLOSED
+        self._close_done.set()
+        if self._fatal is not None:
+            raise self._failed_error()
+        return False
 
     async def _drain(self, timeout: float | None) -> int:
         assert self._finished is not None

@@ -26,10 +26,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import anyio
 from anyio.from_thread import BlockingPortal
 
 from trajtrack._exceptions import TrackerClosedError, TrackerStateError
+from trajtrack._loop_thread import LoopThread
 from trajtrack._progress import Progress
 from trajtrack.tracker._environment import (
     DEFAULT_EXIT_TIMEOUT,
@@ -42,7 +42,7 @@ from trajtrack.tracker._handle import DumpHandle
 from trajtrack.tracker._stats import TrackerStatistics
 from trajtrack.tracker._tracker import Tracker
 
-__all__ = ["SyncTracker", "dump_data", "get_tracker", "is_enabled"]
+__all__ = ["DisabledTracker", "SyncTracker", "dump_data", "get_tracker", "is_enabled"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ class SyncTracker:
         **options: Passed to :class:`Tracker`.
     """
 
+    enabled = True
+
     def __init__(
         self,
         destination: str | os.PathLike[str],
@@ -71,36 +73,16 @@ class SyncTracker:
         self._closed = False
         self._close_lock = threading.Lock()
         self._tracker = Tracker(destination, **options)
-        self._portal_ready = threading.Event()
-        self._stop = threading.Event()
-        self._portal: BlockingPortal | None = None
-        self._startup_error: BaseException | None = None
-        # A daemon thread of our own (not a ThreadPoolExecutor worker): the interpreter joins
-        # executor threads *before* atexit handlers run, which would deadlock the exit drain.
-        self._thread = threading.Thread(target=self._thread_main, name="trajtrack", daemon=True)
-        self._thread.start()
-        self._portal_ready.wait()
-        if self._startup_error is not None:
-            raise self._startup_error
-        assert self._portal is not None
+        self._loop = LoopThread("trajtrack")
+        self._portal: BlockingPortal = self._loop.portal
         try:
-            self._portal.call(self._tracker.start)
+            self._portal.call(self._tracker._admit_early)
         except BaseException:
             self._stop_portal()
             raise
-
-    def _thread_main(self) -> None:
-        try:
-            anyio.run(self._serve)
-        except BaseException as exc:  # reported to the constructor
-            self._startup_error = exc
-            self._portal_ready.set()
-
-    async def _serve(self) -> None:
-        async with BlockingPortal() as portal:
-            self._portal = portal
-            self._portal_ready.set()
-            await anyio.to_thread.run_sync(self._stop.wait, abandon_on_cancel=True)
+        # The storage starts in the background (a dead WebHDFS retries for its whole
+        # deadline): dumps queue meanwhile; a failed start fails them, and later ones at once.
+        self._starting = self._portal.start_task_soon(self._tracker.start)
 
     @property
     def tracker(self) -> Tracker:
@@ -118,7 +100,6 @@ class SyncTracker:
         if self._closed:
             raise TrackerClosedError("cannot flush: the tracker is closed")
         self._check_not_own_thread("flush")
-        assert self._portal is not None
         self._portal.call(self._tracker.flush, timeout)
 
     def statistics(self) -> TrackerStatistics:
@@ -138,7 +119,6 @@ class SyncTracker:
             if self._closed or os.getpid() != self._pid:
                 return
             self._closed = True
-        assert self._portal is not None
         # The tracker bounds its own close, but this thread must not depend on that: past the
         # budget (plus the tracker's grace) give up, so that a process always gets to exit.
         deadline = None if timeout is None else time.monotonic() + timeout + _CLOSE_GRACE
@@ -176,13 +156,12 @@ class SyncTracker:
                 bar.close()
 
     def _stop_portal(self, join_timeout: float = 10) -> None:
-        self._stop.set()
-        self._thread.join(timeout=join_timeout)
+        self._loop.stop(join_timeout)
 
     def _check_not_own_thread(self, what: str) -> None:
         # Dump callbacks run on the tracker's own thread: waiting there for the tracker would
         # wait for itself.
-        if threading.get_ident() == self._thread.ident:
+        if self._loop.on_own_thread():
             raise TrackerStateError(
                 f"{what}() cannot be called from the tracker's own thread (e.g. inside a dump "
                 "callback); call it from your code's thread"
@@ -215,15 +194,57 @@ _global_lock = threading.Lock()
 _hooks_installed = False
 
 
-def get_tracker() -> SyncTracker:
+class DisabledTracker:
+    """What :func:`get_tracker` returns while tracking is off: every call does nothing.
+
+    So that the lines around ``dump_data`` (``get_tracker().flush(timeout=60)`` at the end of
+    a step) run unchanged in a run that tracks nothing, like ``dump_data`` itself.
+    """
+
+    enabled = False
+
+    def dump(self, obj: Any, name: str, *, timeout: float | None = None) -> None:
+        """Nothing is dumped (returns ``None``, like :func:`dump_data`)."""
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Nothing to wait for; says so once on the ``trajtrack`` logger (info)."""
+        global _said_off
+        if not _said_off:
+            _said_off = True
+            logger.info(
+                "trajtrack: tracking is off (set VERL_ENABLE_TRACKER=1 or TRAJTRACK_ENABLE=1): "
+                "nothing to flush"
+            )
+
+    def close(self, timeout: float | None = None, *, progress: bool | None = None) -> None:
+        """Nothing to close."""
+
+    def statistics(self) -> TrackerStatistics:
+        """All zero: nothing was dumped."""
+        return TrackerStatistics(0, 0, 0, 0, 0, 0, {}, 0, 0, 0, None, None, state="disabled")
+
+
+_said_off = False
+_DISABLED = DisabledTracker()
+
+
+def get_tracker() -> SyncTracker | DisabledTracker:
     """The process-global tracker, created on first use from the environment.
 
     Destination: ``TRAJTRACK_DIR`` or ``VERL_TRACKER_HDFS_DIR``; exit drain budget:
-    ``TRAJTRACK_EXIT_TIMEOUT`` seconds (default 120).
+    ``TRAJTRACK_EXIT_TIMEOUT`` seconds (default 120). While tracking is off (neither
+    ``VERL_ENABLE_TRACKER`` nor ``TRAJTRACK_ENABLE`` is ``1``), a :class:`DisabledTracker`
+    whose every call does nothing: code written for a tracked run runs as it is.
 
     Raises:
-        ConfigurationError: No destination is configured.
+        ConfigurationError: Tracking is on and no destination is configured.
     """
+    if not is_enabled():
+        return _DISABLED
+    return _enabled_tracker()
+
+
+def _enabled_tracker() -> SyncTracker:
     global _global
     tracker = _global
     if tracker is not None:
@@ -248,7 +269,7 @@ def dump_data(obj: Any, name: str) -> DumpHandle | None:
     """
     if not is_enabled():
         return None
-    return get_tracker().dump(obj, name)
+    return _enabled_tracker().dump(obj, name)
 
 
 def _register_exit(tracker: SyncTracker) -> None:

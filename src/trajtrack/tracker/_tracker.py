@@ -166,6 +166,7 @@ class Tracker(Intake):
             layout=LayoutOptions(layout, shard_max_bytes, shard_max_age, spool_dir),
         )
         self._runner = Runner(self._url, self._ledger, config)
+        self._early = False  # _admit_early() ran: start() finishes that start
         self._serializer = serializer
         self._last_checkpoint = 0.0
 
@@ -201,8 +202,9 @@ class Tracker(Intake):
         On failure the storage is closed again (the tracker stays unstarted) and the error
         raised.
         """
-        if self.state is not TrackerState.NEW:
+        if self.state is not TrackerState.NEW and not self._early:
             raise TrackerStateError(f"cannot start: the tracker is {self.state.value}")
+        self._early = False
         opened = self._storage is None
         if self._storage is None:
             # Opening may read configuration files (HADOOP_CONF_DIR): not on the loop.
@@ -223,6 +225,25 @@ class Tracker(Intake):
             staging = getattr(self._storage, "staging", None)
             self._snapshots.use_staging_of(None if staging is None else staging())
         return self
+
+    async def _admit_early(self) -> None:
+        """Open the storage and queue dumps from now on, before :meth:`start` (run next,
+        concurrently) has prepared it: for the sync shim, whose callers must never wait for a
+        storage to come up (a dead WebHDFS would stall each ``dump_data`` for the whole retry
+        deadline). If that start fails the tracker is ``FAILED``: the queued dumps fail with
+        it, later ones at once (see :meth:`Runner.admit_early`).
+
+        Raises:
+            ConfigurationError: The destination is unusable (raised here, not in the start).
+        """
+        if self.state is not TrackerState.NEW:
+            raise TrackerStateError(f"cannot start: the tracker is {self.state.value}")
+        if self._storage is None:
+            self._storage = await anyio.to_thread.run_sync(
+                functools.partial(open_storage, self._url, **self._storage_options)
+            )
+        self._runner.admit_early()
+        self._early = True
 
     async def __aenter__(self) -> Tracker:
         return await self.start()
