@@ -189,12 +189,23 @@ def test_prefetch_must_be_positive(tmp_path: Path) -> None:
         Run(str(tmp_path)).replay("s{step}", prefetch=0)
 
 
-async def test_iterating_outside_the_block_is_a_clear_error(tmp_path: Path) -> None:
+async def test_a_bare_async_for_yields_the_same_steps_loading_none_ahead(tmp_path: Path) -> None:
+    await write(str(tmp_path), [(f"s{s}/x{i}", sample(s, i)) for s in (1, 2, 10) for i in range(2)])
+    run = _CountingRun(str(tmp_path))
+    async with run:
+        seen = []
+        async for step, objects in run.replay("s{step}/x{i}", prefetch=3):
+            await anyio.sleep(0.05)  # a slow consumer: nothing may load ahead of it
+            assert run.started == len(seen) + 1
+            seen.append((step, [o["i"] for o in objects]))
+    assert seen == [(1, [0, 1]), (2, [0, 1]), (10, [0, 1])]
+
+
+async def test_anext_outside_the_block_is_a_clear_error(tmp_path: Path) -> None:
     await write(str(tmp_path), [("s1", 1)])
     async with trajtrack.open_run(tmp_path) as run:
         with pytest.raises(TrackerStateError, match="async with"):
-            async for _ in run.replay("s{step}"):
-                pass
+            await run.replay("s{step}").__anext__()
 
 
 def test_the_docs_example_re_runs_one_trainer_step(tmp_path: Path) -> None:

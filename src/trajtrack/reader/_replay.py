@@ -157,9 +157,11 @@ def plan_steps(
 class Replay:
     """The steps of a run, loaded ahead: ``async with run.replay(pattern) as steps``.
 
-    Iterating yields ``(step, objects)``. At most *prefetch* steps are loading or loaded and
-    not yet taken; with the step the consumer holds, memory holds at most ``prefetch + 1``
-    steps' objects (plus the stored bytes of the steps loading). Made by :meth:`Run.replay`.
+    Iterating yields ``(step, objects)``. In the block, at most *prefetch* steps are loading or
+    loaded and not yet taken; with the step the consumer holds, memory holds at most
+    ``prefetch + 1`` steps' objects (plus the stored bytes of the steps loading). A bare
+    ``async for ... in run.replay(pattern)`` works too, loading each step when it is asked for
+    (no look-ahead: one step in memory). Made by :meth:`Run.replay`.
     """
 
     def __init__(
@@ -187,7 +189,7 @@ class Replay:
         self._by_name: dict[str, DumpInfo] = {}
         self._group: TaskGroup | None = None
 
-    async def __aenter__(self) -> Replay:
+    async def _make_plan(self) -> None:
         listing = await self._run.list()
         self._by_name = {info.name: info for info in listing}
         self._plan = [
@@ -196,6 +198,9 @@ class Replay:
                 listing, self._pattern, steps=self._steps, manifest=self._manifest
             )
         ]
+
+    async def __aenter__(self) -> Replay:
+        await self._make_plan()
         self._slots = anyio.Semaphore(self._prefetch)  # made on the loop that uses it
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
@@ -223,7 +228,20 @@ class Replay:
         return [slot.step for slot in self._plan]
 
     def __aiter__(self) -> AsyncIterator[tuple[int, list[Any]]]:
-        return self
+        if self._group is not None:
+            return self  # inside the block: whole steps loaded ahead
+        return self._one_at_a_time()
+
+    async def _one_at_a_time(self) -> AsyncIterator[tuple[int, list[Any]]]:
+        """A bare ``async for``: each step is loaded when the consumer asks for it.
+
+        An async generator cannot own background tasks safely (the reason the look-ahead lives
+        in the ``async with`` block), so nothing here outlives a ``yield``: the step's dumps
+        still load concurrently, but no step loads ahead.
+        """
+        await self._make_plan()
+        for slot in self._plan:
+            yield slot.step, await self._load_step(slot)
 
     async def __anext__(self) -> tuple[int, list[Any]]:
         if self._group is None or self._slots is None:
