@@ -25,7 +25,7 @@ import trajtrack.cli.show as show
 import trajtrack.cli.verify as verify
 from trajtrack._exceptions import TrajtrackError
 from trajtrack.cli._collector import collected_every
-from trajtrack.cli._common import EXIT_ERROR, Streams
+from trajtrack.cli._common import EXIT_ERROR, Streams, printable
 from trajtrack.reader import allow_in_this_process
 
 __all__ = ["build_parser", "main"]
@@ -102,7 +102,7 @@ def main(
         streams.note("trajtrack: interrupted")
         return 130
     except (TrajtrackError, OSError) as exc:
-        streams.note(f"trajtrack {args.command}: error: {exc}")
+        streams.note(printable(f"trajtrack {args.command}: error: {exc}"))
         return EXIT_ERROR
     return code
 

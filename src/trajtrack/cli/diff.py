@@ -12,6 +12,7 @@ from trajtrack.cli._common import (
     add_output_options,
     non_negative_float,
     positive_int,
+    printable,
     progress_callback,
     write_json,
 )
@@ -123,7 +124,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
             write_json(streams, result.to_json())
         else:
             for line in render(result, max_dumps=args.max_dumps, per_dump=args.max_differences):
-                streams.line(line)
+                streams.line(printable(line))
         if args.html:  # the runs are still open: the report reloads the first divergent pair
             await write_diff_report(result, args.html, run_a=run_a, run_b=run_b, unsafe=args.unsafe)
             streams.note(f"trajtrack diff: HTML report written to {args.html}")

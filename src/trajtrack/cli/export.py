@@ -15,6 +15,7 @@ from trajtrack.cli._common import (
     Streams,
     add_output_options,
     format_size,
+    printable,
     progress_callback,
     write_json,
 )
@@ -79,7 +80,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
         )
         return code
     for name, reason in result.skipped:
-        streams.line(f"SKIPPED  {name}: {reason}")
+        streams.line(printable(f"SKIPPED  {name}: {reason}"))
     streams.line(
         f"exported {result.written} dumps ({format_size(result.bytes_written)}) to {args.dest}"
         + (f"; {len(result.skipped)} skipped" if result.skipped else "")

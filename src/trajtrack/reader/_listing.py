@@ -8,8 +8,9 @@ shard's rename and its record), indexed from their tar headers. Temporary files 
 trajtrack's own files are never listed as dumps.
 
 A run directory is untrusted input: a record line whose path (or shard) would leave the run,
-and a file that is a symbolic link leading out of it, are listed with a ``problem`` that
-readers report and refuse, never read.
+a file that is a symbolic link leading out of it, and a file that is not a regular file (a
+FIFO, whose opening would block; a socket, a device; a record segment or shard among them
+too) are listed with a ``problem`` that readers report and refuse, never read.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from trajtrack.layouts.records import RECORDS_PREFIX
 from trajtrack.layouts.shards import is_shard_path, scan_members
 from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order
 from trajtrack.reader._gather import gather_bounded
-from trajtrack.reader._record_set import OUTSIDE, RecordSet, path_problem
+from trajtrack.reader._record_set import RecordSet, file_problem, path_problem
 
 __all__ = ["scan_run"]
 
@@ -54,9 +55,15 @@ async def scan_run(storage: Storage, *, suffix: str, concurrency: int) -> RunLis
         f.path: f for f in internal if is_shard_path(f.path) and parse_temp_path(f.path) is None
     }
     recorded_shards = await anyio.to_thread.run_sync(record.shards)
-    unindexed = [info for path, info in shards.items() if path not in recorded_shards]
+    unindexed = [
+        info for path, info in shards.items() if path not in recorded_shards and not info.special
+    ]
     found = await gather_bounded(
         unindexed, lambda shard: _index_shard(storage, shard, suffix), limit=concurrency
+    )
+    found.append(  # never read: listed with their problem
+        [_unrecorded(f, suffix) for f in internal if f.special and f.path in shards]
+        + [_unrecorded(f, suffix) for f in internal if f.special and _is_segment(f.path)]
     )
     dumps = await anyio.to_thread.run_sync(_merge, record, listed, shards, found, suffix)
     return RunListing(tuple(dumps), len(segments), record.bad, len(shards), len(unindexed))
@@ -83,12 +90,12 @@ async def _listed_and_recorded(
     if not files:
         await _check_exists(storage)
     listed, internal = _split(files)
-    segments = [f.path for f in internal if _is_segment(f.path)]
+    segments = [f.path for f in internal if _is_segment(f.path) and not f.special]
     if early is not None and early.keys() == set(segments):
         return listed, internal, segments, early_record
     if early is not None and not early.keys() <= set(segments):
         listed, internal = _split(await storage.list(""))  # sizes that no record vouches for
-        segments = [f.path for f in internal if _is_segment(f.path)]
+        segments = [f.path for f in internal if _is_segment(f.path) and not f.special]
     read_first = early or {}
 
     async def segment(path: str) -> bytes:  # one read first is not read again
@@ -105,7 +112,7 @@ async def _early_segments(storage: LocalStorage, concurrency: int) -> dict[str, 
         found = await storage.list(RECORDS_PREFIX)
     except StoragePermissionError:  # the records folder is a link leading out: not the run's
         return {}
-    paths = [f.path for f in found if _is_segment(f.path)]
+    paths = [f.path for f in found if _is_segment(f.path) and not f.special]
     data = await gather_bounded(paths, lambda path: _read_segment(storage, path), limit=concurrency)
     return dict(zip(paths, data, strict=True))
 
@@ -178,8 +185,7 @@ async def _read_segment(storage: Storage, path: str) -> bytes:
 
 
 def _unrecorded(info: FileInfo, suffix: str) -> DumpInfo:
-    problem = OUTSIDE if info.outside else None
-    return _unrecorded_dump(info.path, info.size, info.mtime, suffix, problem)
+    return _unrecorded_dump(info.path, info.size, info.mtime, suffix, file_problem(info))
 
 
 def _unrecorded_dump(
