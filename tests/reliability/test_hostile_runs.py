@@ -9,6 +9,7 @@ import errno
 import io
 import json
 import os
+import tarfile
 import threading
 import zlib
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 
 import trajtrack
 from trajtrack import DumpLoadError
+from trajtrack.backends.local import LocalStorage
 from trajtrack.cli import main
 from trajtrack.layouts.records import RECORDS_PREFIX
 from trajtrack.layouts.shards import SHARDS_DIR
@@ -287,3 +289,56 @@ def test_names_and_writers_are_escaped_when_printed(tmp_path: Path, files_run: P
             assert not any(line.startswith("FAKE LINE") for line in text.splitlines())
     assert "evil\\x1b[2J\\x1b]0;owned\\x07\\x0d\\x0aFAKE LINE\\x9b\\u202e" in outputs[0][1]
     assert "w\\x1b[2J" in outputs[1][1]
+
+
+def _plant_shard(run: Path, tail: bytes = b"") -> Path:
+    """An unrecorded shard in *run* (a crash before its record): one member, a copy of
+    step1/s, written by stdlib tarfile; *tail* before the member."""
+    shard = run / SHARDS_DIR / "planted-000000.tar"
+    body = (run / "step1" / "s.pth").read_bytes()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        info = tarfile.TarInfo("planted/x.pth")
+        info.size = len(body)
+        archive.addfile(info, io.BytesIO(body))
+    shard.write_bytes(tail + out.getvalue())
+    return shard
+
+
+def test_an_unrecorded_shard_is_indexed_from_its_headers_not_read_whole(
+    files_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (files_run / SHARDS_DIR).mkdir(parents=True)
+    shard = _plant_shard(files_run)
+    with shard.open("r+b") as file:
+        file.truncate(2 << 30)  # 2 GiB, sparse: zeros after the end blocks
+    whole_reads: list[str] = []
+    read = LocalStorage.read
+
+    async def recording_read(self: LocalStorage, path: str) -> bytes:
+        whole_reads.append(path)
+        return await read(self, path)
+
+    monkeypatch.setattr(LocalStorage, "read", recording_read)
+    code, listing = _json("ls", str(files_run))
+    assert code == 0
+    (planted,) = [d for d in listing["dumps"] if d["name"] == "planted/x"]
+    assert (planted["recorded"], planted["problem"]) == (False, None)
+    assert not any(path.endswith(".tar") for path in whole_reads)
+    code, shown = _json("show", str(files_run), "planted/x")
+XX
+
+
+def test_an_unrecorded_shard_with_an_oversized_pax_header_is_refused(files_run: Path) -> None:
+    # CVE-2024-6232: stdlib tarfile parses a pax header of digits in quadratic time.
+    (files_run / SHARDS_DIR).mkdir(parents=True)
+    info = tarfile.TarInfo("././@PaxHeader")
+    records = b"9" * (1 << 20)
+    info.type, info.size = tarfile.XHDTYPE, len(records)
+    header = info.tobuf(tarfile.USTAR_FORMAT) + records + bytes(-len(records) % 512)
+    _plant_shard(files_run, tail=header)
+    code, listing = _json("ls", str(files_run))
+    assert code == 0
+    (refused,) = [d for d in listing["dumps"] if d["problem"]]
+    assert refused["path"].startswith(SHARDS_DIR) and "tar header" in refused["problem"]
+    assert _cli("verify", str(files_run))[0] == 1

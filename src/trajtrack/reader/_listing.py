@@ -20,6 +20,7 @@ import operator
 import os.path
 from typing import Final
 
+import anyio.from_thread
 import anyio.to_thread
 
 from trajtrack._exceptions import StorageNotFoundError, StoragePermissionError
@@ -27,7 +28,7 @@ from trajtrack.backends import FileInfo, Storage
 from trajtrack.backends.local import LocalStorage
 from trajtrack.layouts.names import is_internal_path, parse_temp_path
 from trajtrack.layouts.records import RECORDS_PREFIX
-from trajtrack.layouts.shards import is_shard_path, scan_members
+from trajtrack.layouts.shards import ShardHeaderError, index_members, is_shard_path
 from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order
 from trajtrack.reader._gather import gather_bounded
 from trajtrack.reader._record_set import RecordSet, file_problem, path_problem
@@ -223,16 +224,27 @@ def _name_of(path: str, suffix: str) -> str:
 
 
 async def _index_shard(storage: Storage, shard: FileInfo, suffix: str) -> list[DumpInfo]:
-    """The members of a shard no record describes, from its tar headers."""
+    """The members of a shard no record describes, from its tar headers alone (ranged reads
+    of its headers from a worker thread: never the whole shard, whose size the run sets).
+    A header refused (:class:`~trajtrack.layouts.shards.ShardHeaderError`) is listed as the
+    shard's problem, after the members before it."""
     if shard.outside:
         return []
+
+    def read(offset: int, length: int) -> bytes:
+        return anyio.from_thread.run(storage.read_range, shard.path, offset, length)
+
+    refused: list[DumpInfo] = []
     try:
-        data = await storage.read(shard.path)
+        members = await anyio.to_thread.run_sync(index_members, read, shard.size)
     except StorageNotFoundError:
         return []
-    members = await anyio.to_thread.run_sync(scan_members, data)
+    except ShardHeaderError as exc:
+        members = exc.members
+        problem = f"its tar headers are refused: {exc}"
+        refused.append(_unrecorded_dump(shard.path, shard.size, shard.mtime, suffix, problem))
     logger.info("%s: indexed %d members of unrecorded shard %s", storage.url, len(members), shard)
-    return [
+    return refused + [
         _unrecorded_dump(
             member.name,
             member.size,
