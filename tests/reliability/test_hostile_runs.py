@@ -326,7 +326,7 @@ def test_an_unrecorded_shard_is_indexed_from_its_headers_not_read_whole(
     assert (planted["recorded"], planted["problem"]) == (False, None)
     assert not any(path.endswith(".tar") for path in whole_reads)
     code, shown = _json("show", str(files_run), "planted/x")
-XX
+    assert code == 0 and shown["structure"]["children"][0]["value"] == "1"  # as in step1/s
 
 
 def test_an_unrecorded_shard_with_an_oversized_pax_header_is_refused(files_run: Path) -> None:
