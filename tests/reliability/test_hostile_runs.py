@@ -25,7 +25,7 @@ from trajtrack.backends.local import LocalStorage
 from trajtrack.cli import main
 from trajtrack.layouts.records import RECORDS_PREFIX
 from trajtrack.layouts.shards import SHARDS_DIR
-from trajtrack.reader import open_run
+from trajtrack.reader import _listing, open_run
 
 DUMPS = {f"step{i}/s": {"i": i, "x": torch.arange(5) * float(i)} for i in range(4)}
 COMMANDS = ("ls", "show", "diff", "verify", "export")
@@ -341,4 +341,28 @@ def test_an_unrecorded_shard_with_an_oversized_pax_header_is_refused(files_run: 
     assert code == 0
     (refused,) = [d for d in listing["dumps"] if d["problem"]]
     assert refused["path"].startswith(SHARDS_DIR) and "tar header" in refused["problem"]
+    assert _cli("verify", str(files_run))[0] == 1
+
+
+def test_a_record_segment_over_the_budget_is_refused_not_read(
+    files_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_listing, "SEGMENT_MAX", 4096)  # the mechanism, without a 1 GiB file
+    segment = files_run / RECORDS_PREFIX / "evil-000000.jsonl"
+    with segment.open("wb") as file:
+        file.truncate(4097)  # sparse zeros: whole, it would be read into memory
+    reads: list[str] = []
+    read = LocalStorage.read
+
+    async def recording_read(self: LocalStorage, path: str) -> bytes:
+        reads.append(path)
+        return await read(self, path)
+
+    monkeypatch.setattr(LocalStorage, "read", recording_read)
+    code, listing = _json("ls", str(files_run))
+    assert code == 0 and str(segment.relative_to(files_run)) not in reads
+    (refused,) = [d for d in listing["dumps"] if d["problem"]]
+    assert refused["path"] == str(segment.relative_to(files_run))
+    assert "4097 bytes" in refused["problem"]
+    assert [d["name"] for d in listing["dumps"] if not d["problem"]] == list(DUMPS)
     assert _cli("verify", str(files_run))[0] == 1

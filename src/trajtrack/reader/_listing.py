@@ -64,7 +64,11 @@ async def scan_run(storage: Storage, *, suffix: str, concurrency: int) -> RunLis
     )
     found.append(  # never read: listed with their problem
         [_unrecorded(f, suffix) for f in internal if f.special and f.path in shards]
-        + [_unrecorded(f, suffix) for f in internal if f.special and _is_segment(f.path)]
+        + [
+            _refused_segment(f, suffix)
+            for f in internal
+            if _is_segment(f.path) and not _readable(f)
+        ]
     )
     dumps = await anyio.to_thread.run_sync(_merge, record, listed, shards, found, suffix)
     return RunListing(tuple(dumps), len(segments), record.bad, len(shards), len(unindexed))
@@ -91,12 +95,12 @@ async def _listed_and_recorded(
     if not files:
         await _check_exists(storage)
     listed, internal = _split(files)
-    segments = [f.path for f in internal if _is_segment(f.path) and not f.special]
+    segments = [f.path for f in internal if _is_segment(f.path) and _readable(f)]
     if early is not None and early.keys() == set(segments):
         return listed, internal, segments, early_record
     if early is not None and not early.keys() <= set(segments):
         listed, internal = _split(await storage.list(""))  # sizes that no record vouches for
-        segments = [f.path for f in internal if _is_segment(f.path) and not f.special]
+        segments = [f.path for f in internal if _is_segment(f.path) and _readable(f)]
     read_first = early or {}
 
     async def segment(path: str) -> bytes:  # one read first is not read again
@@ -113,7 +117,7 @@ async def _early_segments(storage: LocalStorage, concurrency: int) -> dict[str, 
         found = await storage.list(RECORDS_PREFIX)
     except StoragePermissionError:  # the records folder is a link leading out: not the run's
         return {}
-    paths = [f.path for f in found if _is_segment(f.path) and not f.special]
+    paths = [f.path for f in found if _is_segment(f.path) and _readable(f)]
     data = await gather_bounded(paths, lambda path: _read_segment(storage, path), limit=concurrency)
     return dict(zip(paths, data, strict=True))
 
@@ -160,6 +164,24 @@ def _merge(
 
 _BY_NAME: Final = operator.itemgetter(0)  # DumpInfo.name
 _BY_TIME: Final = operator.itemgetter(8)  # DumpInfo.time
+
+
+SEGMENT_MAX: Final = 1 << 30
+"""The largest record segment read (segments are written every few seconds: a few MB at
+most); a bigger one is listed as refused, never read whole into memory."""
+
+
+def _readable(segment: FileInfo) -> bool:
+    """Whether a record *segment* may be read: a regular file within :data:`SEGMENT_MAX`."""
+    return not segment.special and segment.size <= SEGMENT_MAX
+
+
+def _refused_segment(segment: FileInfo, suffix: str) -> DumpInfo:
+    refused = _unrecorded(segment, suffix)
+    if refused.problem is not None:
+        return refused
+    problem = f"a record segment of {segment.size} bytes (more than {SEGMENT_MAX})"
+    return refused._replace(problem=problem)
 
 
 def _is_segment(path: str) -> bool:
