@@ -366,3 +366,27 @@ def test_a_record_segment_over_the_budget_is_refused_not_read(
     assert "4097 bytes" in refused["problem"]
     assert [d["name"] for d in listing["dumps"] if not d["problem"]] == list(DUMPS)
     assert _cli("verify", str(files_run))[0] == 1
+
+
+def test_a_fifo_planted_after_the_listing_blocks_no_read(files_run: Path) -> None:
+    async def go() -> list[object]:
+        async with open_run(files_run) as run:
+            infos = await run.list()
+            info = next(i for i in infos if i.name == "step1/s")
+            fifo = _fifo_at(files_run / "step1" / "s.pth")
+            outcomes: list[object] = []
+            with _FifoWatch([fifo]):  # a reader that blocked would get end-of-file from it
+                outcomes += await run.read_many(infos)
+                for call in (run.read_bytes, run.load):
+                    try:
+                        outcomes.append(await call(info))
+                    except trajtrack.TrajtrackError as exc:
+                        outcomes.append(exc)
+            return outcomes
+
+    outcomes = anyio.run(go)
+    step1 = [outcomes[1], *outcomes[4:]]
+    # In a batch: read without blocking, nothing there; alone: refused (not a regular file)
+    assert step1[0] == b""
+    assert all(isinstance(o, trajtrack.StoragePermissionError) for o in step1[1:]), step1
+    assert all("regular file" in str(o) for o in step1[1:])
