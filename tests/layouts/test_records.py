@@ -137,3 +137,63 @@ def test_an_object_split_over_two_lines_is_not_joined_back() -> None:
     good = encode_segment(records)
     data = good + b'{"a": [{}\n{}]}\n{}\n'
     assert decode_segment(data) == (records, 3)
+
+
+_V1_HOSTILE = {
+    "size_1e999": '"size": 1e999',
+    "size_infinity": '"size": Infinity',
+    "size_400_digits": '"size": ' + "9" * 400,
+    "negative_400_digits": '"pid": -' + "9" * 400,
+    "offset_2_63": '"shard": ".trajtrack/shards/w-000000.tar", "offset": 9223372036854775808',
+    "time_1e20": '"time": 1e20',
+    "time_nan": '"time": NaN',
+    "time_400_digits": '"time": ' + "9" * 400,
+    "nested": '"host": ' + "[" * 100_000 + "]" * 100_000,
+}
+
+
+@pytest.mark.parametrize("value", list(_V1_HOSTILE.values()), ids=list(_V1_HOSTILE))
+def test_a_v1_line_with_a_value_out_of_range_is_counted_and_skipped(value: str) -> None:
+    records = _records(2)
+    base = {k: v for k, v in records[0].to_json().items() if k not in value.split('"')[1::4]}
+    hostile = json.dumps(base)[:-1] + ", " + value + "}"
+    data = _v1(records[:1]) + hostile.encode() + b"\n" + _v1(records[1:])
+    assert decode_segment(data) == (records, 1)
+
+
+_V2_HOSTILE: dict[str, tuple[str, Any]] = {
+    "size_400_digits": ("size", [1, 10**399]),
+    "size_2_63": ("size", [1, 1 << 63]),
+    "size_below_minus_2_63": ("size", [1, -(1 << 63)]),
+    "time_400_digits": ("time", [1.0, 10**399]),
+    "time_1e20": ("time", [1.0, 1e20]),
+    "time_infinity": ("time", [1.0, float("inf")]),
+    "time_nan": ("time", [1.0, float("nan")]),
+    "offset_2_63": ("offset", [512, 1 << 63]),
+    "pid_400_digits": ("pid", 10**399),
+    "rank_2_63": ("rank", 1 << 63),
+}
+
+
+@pytest.mark.parametrize("key_value", list(_V2_HOSTILE.values()), ids=list(_V2_HOSTILE))
+def test_a_v2_column_with_a_value_out_of_range_is_counted_and_skipped(
+    key_value: tuple[str, Any],
+) -> None:
+    key, value = key_value
+    line = {**json.loads(encode_segment(_members(2))), key: value}
+    files = _records(2)
+    data = encode_segment(files) + json.dumps(line).encode() + b"\n"
+    assert decode_segment(data) == (files, 1)
+
+
+def test_a_deeply_nested_line_among_good_lines_is_counted_and_skipped() -> None:
+    # One JSON array of every line would raise RecursionError, as the nested line alone.
+    records = _records(2)
+    nested = b'{"v": 2, "a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    assert decode_segment(encode_segment(records) + nested) == (records, 1)
+
+
+def test_the_largest_values_in_range_are_kept() -> None:
+    record = DumpRecord("s", "s.pth", (1 << 63) - 1, "crc32:00000000", "h", 1, 0, "w", 9.9e10)
+    assert decode_segment(encode_segment([record])) == ([record], 0)
+    assert decode_segment(_v1([record])) == ([record], 0)

@@ -26,10 +26,11 @@ from trajtrack._exceptions import StoragePermissionError
 
 __all__ = ["DirectoryReader", "is_inside", "open_directory", "resolve_inside"]
 
-_CHUNK: Final = 1 << 20
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
-_FILE_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted in a run is opened without waiting for a writer (and then reads
+# as empty or fails with EAGAIN); it changes nothing for a regular file.
+_FILE_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
 # How opening with O_NOFOLLOW refuses a link: ELOOP, or ENOTDIR for a link opened with
 # O_DIRECTORY (Linux), EMLINK on FreeBSD.
 _REFUSED_LINK: Final = (errno.ELOOP, errno.ENOTDIR, errno.EMLINK)
@@ -129,7 +130,8 @@ class DirectoryReader:
         self._directory: tuple[str, int] | None = None  # (relative directory, its fd)
 
     def read(self, relative: str, expected: int) -> bytes:
-        """The whole file *relative* (checked, ``/``-separated), *expected* bytes long.
+        """The file *relative* (checked, ``/``-separated), *expected* bytes long: all of it,
+        or, when it is longer, its first ``expected + 1`` bytes (enough to tell it is longer).
 
         Raises:
             StoragePermissionError: It leads out of the root through a symbolic link.
@@ -165,12 +167,20 @@ class DirectoryReader:
             self._directory = None
 
 
+_FIRST_READ: Final = 64 << 20
+
+
 def _read_to_end(fd: int, expected: int) -> bytes:
-    """Everything *fd* holds from here: one read when the file has its *expected* size."""
-    data = os.read(fd, expected + 1)
-    if not data or len(data) == expected:
+    """What *fd* holds from here, up to ``expected + 1`` bytes: one read when the file has
+    its *expected* size. *expected* comes from a run's record (untrusted): it never sizes an
+    allocation beyond what the file holds (a first read of at most 64 MiB, then chunks until
+    the end), and a file far longer than it is not read past ``expected + 1`` bytes."""
+    data = os.read(fd, min(expected, _FIRST_READ) + 1)
+    if not data or len(data) == expected or len(data) > expected:
         return data
-    chunks = [data]  # shorter or longer than expected: on to the end, as readall()
-    while chunk := os.read(fd, _CHUNK):
+    chunks = [data]  # shorter than expected (or than the first read): on, up to expected + 1
+    held = len(data)
+    while held <= expected and (chunk := os.read(fd, min(_FIRST_READ, expected + 1 - held))):
         chunks.append(chunk)
+        held += len(chunk)
     return b"".join(chunks)

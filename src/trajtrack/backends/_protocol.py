@@ -85,12 +85,16 @@ class FileInfo(NamedTuple):
         mtime: Modification time (seconds since the epoch), when known.
         outside: The path leads outside the storage's root (a symbolic link planted in a
             local destination): listed so that readers can report it, never read.
+        special: Not a regular file (a FIFO, socket or device planted in a local
+            destination, or a link to one): listed so that readers can report it, never
+            opened (opening a FIFO to read blocks until something writes to it).
     """
 
     path: str
     size: int
     mtime: float | None = None
     outside: bool = False
+    special: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -338,8 +338,12 @@ class LocalStorage:
                 self._real_root = os.path.realpath(root)
             # A link planted in a run never leads a reader out.
             target = resolve_inside(root, self._real_root, relative)
-            fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO planted since the listing is opened without waiting for a
+            # writer, then refused (no effect on a regular file's reads).
+            fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise StoragePermissionError(f"refusing to read {target}: not a regular file")
                 if length is None:
                     with open(fd, "rb", buffering=0, closefd=False) as handle:
                         return handle.read()  # FileIO.readall: sized by fstat
@@ -461,5 +465,19 @@ def _list_directory(
             st = entry.stat(follow_symlinks=False)
         except FileNotFoundError:
             continue  # a temporary file renamed away while we listed
-        outside = stat.S_ISLNK(st.st_mode) and not inside(entry.path)
-        found.append(FileInfo(path, st.st_size, st.st_mtime, outside))
+        outside = special = False
+        if stat.S_ISLNK(st.st_mode):
+            outside = not inside(entry.path)
+            special = not outside and _special_target(entry.path)
+        else:
+            special = not stat.S_ISREG(st.st_mode)
+        found.append(FileInfo(path, st.st_size, st.st_mtime, outside, special))
+
+
+def _special_target(link: str) -> bool:
+    """Whether the link *link* (leading inside the root) ends at a FIFO, socket or device
+    (``stat``, never ``open``: opening a FIFO blocks)."""
+    try:
+        return not stat.S_ISREG(os.stat(link).st_mode)
+    except OSError:  # dangling, or a loop: reading it will say so
+        return False

@@ -17,7 +17,7 @@ from typing import TextIO
 
 from trajtrack._exceptions import TrajtrackError
 from trajtrack.cli._collector import collected_every
-from trajtrack.cli._common import EXIT_ERROR, SUMMARIES, Streams
+from trajtrack.cli._common import EXIT_ERROR, SUMMARIES, Streams, printable
 
 __all__ = ["build_parser", "main"]
 
@@ -117,7 +117,7 @@ def main(
         streams.note("trajtrack: interrupted")
         return 130
     except (TrajtrackError, OSError) as exc:
-        streams.note(f"trajtrack {args.command}: error: {exc}")
+        streams.note(printable(f"trajtrack {args.command}: error: {exc}"))
         return EXIT_ERROR
     return code
 

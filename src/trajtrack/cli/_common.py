@@ -146,6 +146,29 @@ def format_time(timestamp: float | None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+def printable(text: str) -> str:
+    """*text* with every character a terminal would act on shown as a visible escape.
+
+    A run's names, writers, paths and problems are run-supplied: printed raw, an ESC sequence
+    would recolour or rewrite the terminal, a BEL ring it, a CR or LF forge an output line.
+    Each character that is not printable (``str.isprintable``: control characters, line and
+    paragraph separators, bidirectional overrides and other format characters) is written as
+    ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``; printable text is returned as it is.
+    """
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escaped(char) for char in text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
 def table(
     headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequence[int] = ()
 ) -> list[str]:

@@ -13,6 +13,7 @@ from trajtrack.cli._common import (
     add_output_options,
     non_negative_float,
     positive_int,
+    printable,
     progress_callback,
     write_json,
 )
@@ -158,7 +159,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
             write_json(streams, {**result.to_json(), **extra})
         else:
             for line in render(result, max_dumps=args.max_dumps, per_dump=args.max_differences):
-                streams.line(line)
+                streams.line(printable(line))
             for line in diff_text_lines(texts):
                 streams.line(line)
         if args.html:  # the runs are still open: the report reloads the first divergent pair

@@ -18,6 +18,7 @@ from trajtrack.cli._common import (
     Streams,
     add_output_options,
     format_size,
+    printable,
     progress_callback,
     write_json,
 )
@@ -81,7 +82,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
         )
         return code
     for name, reason in result.skipped:
-        streams.line(f"SKIPPED  {name}: {reason}")
+        streams.line(printable(f"SKIPPED  {name}: {reason}"))
     if result.existing:
         streams.note(
             f"trajtrack export: {len(result.existing)} dumps are in {args.dest} already with "

@@ -12,6 +12,7 @@ from trajtrack.cli._common import (
     add_output_options,
     format_size,
     format_time,
+    printable,
     table,
     write_json,
 )
@@ -61,8 +62,11 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
         )
         return EXIT_OK
     headers = ["NAME", "SIZE", "WRITER", "TIME"]
-    rows = [[d.name, format_size(d.size), d.writer or "-", format_time(d.time)] for d in dumps]
-    notes = [_note(d) for d in dumps]
+    rows = [
+        [printable(d.name), format_size(d.size), printable(d.writer) or "-", format_time(d.time)]
+        for d in dumps
+    ]
+    notes = [printable(_note(d)) for d in dumps]
     if any(notes):
         headers.append("NOTE")
         for row, note in zip(rows, notes, strict=True):

@@ -20,6 +20,7 @@ from trajtrack.cli._common import (
     add_output_options,
     format_size,
     format_time,
+    printable,
     write_json,
 )
 from trajtrack.cli._text import add_text_options, show_text_lines, tokenizer_of
@@ -107,11 +108,13 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
 def _print(streams: Streams, info: DumpInfo, tree: dict[str, Any]) -> None:
     checksum = info.checksum or "unrecorded"
     streams.line(
-        f"{info.name}  ({info.path}, {format_size(info.size)}, {checksum}, "
-        f"writer {info.writer or '-'}, {format_time(info.time)})"
+        printable(
+            f"{info.name}  ({info.path}, {format_size(info.size)}, {checksum}, "
+            f"writer {info.writer or '-'}, {format_time(info.time)})"
+        )
     )
     for line in render(tree):
-        streams.line(line)
+        streams.line(printable(line))
 
 
 def describe(obj: Any, max_items: int = _MAX_ITEMS, depth: int = 0) -> dict[str, Any]:

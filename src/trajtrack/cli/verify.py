@@ -17,6 +17,7 @@ from trajtrack.cli._common import (
     Streams,
     add_output_options,
     format_size,
+    printable,
     progress_callback,
     table,
     write_json,
@@ -217,7 +218,8 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     problems = [f for f in findings if f.problem != "ok"]
     if problems:
         for line in table(
-            ["PROBLEM", "NAME", "DETAIL"], [[f.problem, f.name, f.detail] for f in problems]
+            ["PROBLEM", "NAME", "DETAIL"],
+            [[f.problem, printable(f.name), printable(f.detail)] for f in problems],
         ):
             streams.line(line)
     if listing.bad_record_lines:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COLUMNS_VERSION",
+    "INT_LIMIT",
+    "TIME_LIMIT",
     "Columns",
     "column_lines",
     "columns_of",
@@ -32,6 +34,16 @@ __all__ = [
 ]
 
 COLUMNS_VERSION: Final = 2
+
+INT_LIMIT: Final = 1 << 63
+"""Every integer of a record line (size, offset, pid, rank, shard index) lies in
+``(-INT_LIMIT, INT_LIMIT)``: JSON admits integers of any length, and one past a C ``off_t`` or
+``ssize_t`` would end a read with ``OverflowError``, not with the line counted as bad."""
+
+TIME_LIMIT: Final = 1e11
+"""Every time of a record line is finite and lies in ``(-TIME_LIMIT, TIME_LIMIT)`` seconds
+(before the year 5000): JSON admits ``1e999`` and ``Infinity``, and a time the platform's
+``time_t`` cannot hold ends printing it with ``OverflowError``."""
 
 
 def fits_columns(record: DumpRecord) -> bool:
@@ -128,10 +140,16 @@ def columns_of(line: dict[str, Any]) -> Columns | None:
         return None
     if not (_all(names, str) and _all(paths, str) and _all(checksums, str) and _all(sizes, int)):
         return None
+    if not (ints_in_range(sizes) and ints_in_range([pid, rank])):
+        return None
     if not _all(times, float):  # whole seconds may have been written as integers
         if not all(type(t) is int or type(t) is float for t in times):
             return None
+        if not all(type(t) is float or -INT_LIMIT < t < INT_LIMIT for t in times):
+            return None  # float() of a 400-digit integer raises OverflowError
         times = [float(t) for t in times]
+    if not times_in_range(times):
+        return None
     placed = _places(line, len(names))
     if placed is None:
         return None
@@ -161,9 +179,27 @@ def _places(
         return None
     if not (type(offsets) is list and len(offsets) == count and _all(offsets, int)):
         return None
+    if not ints_in_range(offsets):
+        return None
     if index and (min(index) < 0 or max(index) >= len(shards)):
         return None
     return shards, index, offsets
+
+
+def ints_in_range(values: list[int]) -> bool:
+    """Whether every integer of *values* lies within :data:`INT_LIMIT` (by ``min`` and ``max``
+    in C: a column at a time)."""
+    return not values or (min(values) > -INT_LIMIT and max(values) < INT_LIMIT)
+
+
+def times_in_range(times: list[float]) -> bool:
+    """Whether every time of *times* is finite and within :data:`TIME_LIMIT` (``NaN`` fails
+    both comparisons, so is refused too)."""
+    return all(map(_time_in_range, times))
+
+
+def _time_in_range(value: float) -> bool:
+    return -TIME_LIMIT < value < TIME_LIMIT
 
 
 def _all(values: list[Any], kind: type) -> bool:

@@ -37,6 +37,8 @@ from trajtrack.layouts._columns import (
     column_lines,
     columns_of,
     fits_columns,
+    ints_in_range,
+    times_in_range,
 )
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity
 
@@ -120,11 +122,13 @@ def record_fields(data: dict[str, Any]) -> RecordFields:
     """The values of one parsed record line, checked and converted.
 
     Raises:
-        ValueError, KeyError, TypeError, AttributeError: The line is not a record.
+        ValueError, KeyError, TypeError, AttributeError, OverflowError: The line is not a
+            record (``OverflowError``: ``int()`` of an infinite size, ``float()`` of a
+            400-digit time).
     """
     get = data.get
     shard, offset = get("shard"), get("offset")
-    return (
+    fields: RecordFields = (
         str(data["name"]),
         str(data["path"]),
         int(data["size"]),
@@ -137,6 +141,10 @@ def record_fields(data: dict[str, Any]) -> RecordFields:
         None if shard is None else str(shard),
         None if offset is None else int(offset),
     )
+    ints = [fields[2], fields[5], fields[6], fields[10] or 0]  # size, pid, rank, offset
+    if not (ints_in_range(ints) and times_in_range([fields[8]])):
+        raise ValueError("a value of the line is out of range")
+    return fields
 
 
 def new_writer_id(who: WriterIdentity) -> str:
@@ -196,7 +204,7 @@ def decode_segment_parts(data: bytes) -> tuple[list[SegmentPart], int]:
         for line in lines:
             try:
                 parsed.append(json.loads(line))
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deep
                 parsed.append(None)
     parts: list[SegmentPart] = []
     bad = 0
@@ -210,8 +218,8 @@ def decode_segment_parts(data: bytes) -> tuple[list[SegmentPart], int]:
             continue
         try:
             parts.append(record_fields(item))
-        except (ValueError, KeyError, TypeError, AttributeError):  # AttributeError: not a dict
-            bad += 1
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
+            bad += 1  # AttributeError: not a dict; RecursionError: str() of a deep value
     return parts, bad
 
 
@@ -223,7 +231,7 @@ def _parse_whole(lines: list[str]) -> list[Any] | None:
         return None
     try:
         parsed = json.loads("[" + ",".join(lines) + "]")
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a line nested too deep
         return None
     if len(parsed) != len(lines) or not all(type(item) is dict for item in parsed):
         return None

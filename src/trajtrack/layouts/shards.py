@@ -12,27 +12,32 @@ Shards live below the destination in ``.trajtrack/shards/``, named ``<writer>-<s
 a dump name cannot start a segment with ``.``, so no shard name can collide with a dump's file.
 The record (:mod:`trajtrack.layouts.records`) indexes every member: shard, offset of the
 member's data, length, CRC-32; a reader then fetches one dump with one ranged read. Without a
-record (a crash between the rename and the record), :func:`scan_members` rebuilds the index
-from the tar headers.
+record (a crash between the rename and the record), :func:`index_members` rebuilds the index
+from the tar headers, parsed here with bounds (``tarfile`` only ever writes headers).
 """
 
 from __future__ import annotations
 
-import io
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
 
+from trajtrack._exceptions import DumpLoadError
 from trajtrack.layouts.names import RECORDS_DIR
 
 __all__ = [
     "BLOCK",
     "END_OF_ARCHIVE",
     "SHARDS_DIR",
+    "PAX_HEADER_MAX",
     "Member",
+    "ReadRange",
     "ShardFormatError",
+    "ShardHeaderError",
     "header_size",
+    "index_members",
     "is_shard_path",
     "member_header",
     "padding",
@@ -131,17 +136,166 @@ def padding(size: int) -> bytes:
 
 
 def scan_members(data: bytes) -> list[Member]:
-    """The regular-file members of a shard's bytes, read from its tar headers.
+    """The regular-file members of a shard's bytes, read from its tar headers
+    (:func:`index_members` of bytes in memory).
 
-    Stops at the end of the archive, or at a truncated or corrupt header (what complete
-    members come before it are returned: a shard with a final name is always complete).
+    Raises:
+        ShardHeaderError: As :func:`index_members`.
+    """
+    return index_members(lambda offset, length: data[offset : offset + length], len(data))
+
+
+ReadRange = Callable[[int, int], bytes]
+"""``read(offset, length)``: the bytes of a shard from *offset*, *length* of them (fewer only
+at its end)."""
+
+PAX_HEADER_MAX: Final = 64 << 10
+"""The longest pax extended header (or GNU long name) :func:`index_members` reads: what a
+tracker writes holds a path and a size (a few hundred bytes); a longer one is refused."""
+
+_WINDOW: Final = 64 << 10  # bytes read at a time: the headers of a run of small members
+
+
+class ShardHeaderError(DumpLoadError):
+    """A shard's tar headers cannot be indexed (an oversized or malformed pax header).
+
+    Attributes:
+        members: The members found before the header refused.
+    """
+
+    def __init__(self, message: str, members: list[Member]) -> None:
+        super().__init__(message)
+        self.members = members
+
+
+def index_members(read: ReadRange, size: int) -> list[Member]:
+    """The regular-file members of a shard of *size* bytes, from its tar headers alone.
+
+    A shard no record describes (a crash between its rename and its record) is untrusted: it
+    is indexed by reading its headers (a window of 64 KiB at a time), never its members'
+    data, so its size never sizes memory; and parsed here, in linear time, not by stdlib
+    ``tarfile`` (quadratic on a pax header of digits before CPython 3.12.6 and 3.11.10:
+    CVE-2024-6232). Stops at the end of the archive, or at a truncated or corrupt header
+    (the complete members before it are returned: a shard with a final name is complete).
+
+    Raises:
+        ShardHeaderError: A pax header (or GNU long name) longer than
+            :data:`PAX_HEADER_MAX`, or malformed.
     """
     members: list[Member] = []
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
-            for info in archive:
-                if info.isreg() and info.offset_data + info.size <= len(data):
-                    members.append(Member(info.name, info.offset_data, info.size))
-    except tarfile.TarError:
-        pass  # a damaged tail: keep the members before it
+    window = _Window(read, size)
+    extended: dict[str, str] = {}
+    offset = 0
+    while offset + BLOCK <= size:
+        header = _header(window.read(offset, BLOCK))
+        if header is None:  # the end blocks, or a damaged tail: keep what came before
+            break
+        name, kind, length = header
+        start = offset + BLOCK
+        if kind in _EXTENDED:
+            if length > PAX_HEADER_MAX:
+                raise ShardHeaderError(
+                    f"a tar header of {length} bytes at {offset} (more than {PAX_HEADER_MAX})",
+                    members,
+                )
+            if start + length > size:
+                break
+            body = window.read(start, length)
+            if kind == b"L":  # a GNU long name for the next member
+                extended = {"path": body.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")}
+            elif kind == b"x":  # pax: for the next member only
+                extended = _pax_records(body, offset, members)
+        else:
+            name = extended.get("path", name)
+            length = _pax_size(extended, length, offset, members)
+            extended = {}
+            if start + length > size:
+                break
+            if kind in _REGULAR:
+                members.append(Member(name, start, length))
+        offset = start + length + (-length % BLOCK)
     return members
+
+
+_REGULAR: Final = (b"0", b"\0", b"7")  # a regular file, as old tars write it, contiguous
+_EXTENDED: Final = (b"x", b"g", b"L")  # pax for the next member, pax global, GNU long name
+
+
+class _Window:
+    """:data:`ReadRange` through a window of :data:`_WINDOW` bytes."""
+
+    def __init__(self, read: ReadRange, size: int) -> None:
+        self._read = read
+        self._size = size
+        self._start = 0
+        self._data = b""
+
+    def read(self, offset: int, length: int) -> bytes:
+        end = offset + length
+        if not (self._start <= offset and end <= self._start + len(self._data)):
+            if length > _WINDOW:
+                return self._read(offset, length)
+            self._start = offset
+            self._data = self._read(offset, min(_WINDOW, self._size - offset))
+        return self._data[offset - self._start : end - self._start]
+
+
+def _header(block: bytes) -> tuple[str, bytes, int] | None:
+    """A header block's name, type flag and data length; ``None`` for a zero block (the end
+    of the archive) or one that is not a valid header (checksum, numbers)."""
+    if len(block) < BLOCK or block == bytes(BLOCK):
+        return None
+    stored = _number(block[148:156])
+    unsigned = sum(block[:148]) + 8 * 0x20 + sum(block[156:])
+    signed = unsigned - 256 * sum(b >= 0x80 for b in block[:148] + block[156:])
+    size = _number(block[124:136])
+    if stored is None or stored not in (unsigned, signed) or size is None:
+        return None
+    name = block[:100].split(b"\0", 1)[0]
+    if block[257:263] in (b"ustar\x00", b"ustar "):  # POSIX ustar, GNU: a prefix
+        prefix = block[345:500].split(b"\0", 1)[0]
+        if prefix and block[257:263] == b"ustar\x00":
+            name = prefix + b"/" + name
+    return name.decode("utf-8", "surrogateescape"), block[156:157], size
+
+
+def _number(field: bytes) -> int | None:
+    """A numeric header field: octal digits, or base-256 (GNU, first byte ``0x80``);
+    ``None`` if it is neither (a negative base-256 number included)."""
+    if field[:1] == b"\x80":
+        return int.from_bytes(field[1:], "big")
+    digits = field.split(b"\0", 1)[0].strip(b" ")
+    if not digits:
+        return 0
+    if not all(48 <= b <= 55 for b in digits):  # only 0-7
+        return None
+    return int(digits, 8)
+
+
+def _pax_records(body: bytes, offset: int, members: list[Member]) -> dict[str, str]:
+    """The ``"%d %s=%s\\n"`` records of a pax header, parsed in one pass."""
+    records: dict[str, str] = {}
+    at = 0
+    while at < len(body) and body[at] != 0:
+        space = body.find(b" ", at, at + 20)  # a record's length: up to 19 digits
+        digits = body[at:space] if space > at else b""
+        length = int(digits) if digits.isdigit() else 0
+        end = at + length
+        if length <= 0 or end > len(body) or body[end - 1 : end] != b"\n":
+            raise ShardHeaderError(f"a malformed pax header at {offset}", members)
+        key, equals, value = body[space + 1 : end - 1].partition(b"=")
+        if not equals:
+            raise ShardHeaderError(f"a malformed pax header at {offset}", members)
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        at = end
+    return records
+
+
+def _pax_size(extended: dict[str, str], length: int, offset: int, members: list[Member]) -> int:
+    """The member's data length: a pax ``size`` record's, if any, else its header's."""
+    size = extended.get("size")
+    if size is None:
+        return length
+    if not (size.isascii() and size.isdigit() and len(size) <= 19):
+        raise ShardHeaderError(f"a malformed pax size at {offset}", members)
+    return int(size)

@@ -21,6 +21,7 @@ __all__ = [
     "GAP_MAX",
     "SMALL_DUMP",
     "SPAN_MAX",
+    "check_held",
     "check_readable",
     "dump_batches",
     "member_spans",
@@ -105,7 +106,8 @@ async def read_remote(
 
 _REQUESTS_IN_FLIGHT: Final = 16
 _Request = tuple[str, int, int | None]  # (path, offset, length; None: the whole file)
-_Want = tuple[int, int | None] | StorageError  # (request, where its bytes start; None: all)
+_Want = tuple[int, int | None] | StorageError | DumpLoadError  # (request, where its bytes
+# start; None: all), or why it is refused
 
 
 def _plan(url: str, infos: Sequence[DumpInfo]) -> tuple[list[_Request], list[_Want]]:
@@ -118,7 +120,8 @@ def _plan(url: str, infos: Sequence[DumpInfo]) -> tuple[list[_Request], list[_Wa
     for index, info in enumerate(infos):
         try:
             check_readable(url, info)
-        except StorageError as exc:
+            check_held(info)
+        except (StorageError, DumpLoadError) as exc:
             wants.append(exc)
             continue
         if info.shard is None:
@@ -151,6 +154,21 @@ def check_readable(url: str, info: DumpInfo) -> None:
     """Refuse a dump the listing found a problem with (its path would leave the run...)."""
     if info.problem is not None:
         raise StoragePermissionError(f"{url}: refusing to read {info.name!r}: {info.problem}")
+
+
+def check_held(info: DumpInfo) -> None:
+    """Refuse, before reading, a shard member its shard holds fewer bytes of than the record
+    says (the listing's :attr:`~DumpInfo.stored_size`): a record's size or offset (``2**40``,
+    ``2**63 - 1``) never sizes a read or an allocation, only the shard's own size does.
+
+    Raises:
+        DumpLoadError: The member is truncated (or placed past its shard's end).
+    """
+    if info.shard is not None and info.stored_size is not None and info.stored_size < info.size:
+        raise DumpLoadError(
+            f"{info.name}: its shard {info.shard} holds {info.stored_size} of its "
+            f"{info.size} bytes (truncated)"
+        )
 
 
 def whole_member(info: DumpInfo, data: bytes) -> bytes:
@@ -193,6 +211,8 @@ def span_end(infos: Sequence[DumpInfo], index: int) -> tuple[int, int]:
         offset = info.offset
         if info.shard != first.shard or info.problem is not None or offset is None:
             break
+        if info.stored_size is not None and info.stored_size < info.size:
+            break  # truncated: refused on its own (check_held), never part of a span
         if not end <= offset <= end + GAP_MAX or offset + info.size - start > SPAN_MAX:
             break
         end = offset + info.size

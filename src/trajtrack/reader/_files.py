@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import stat
 import threading
 from typing import NamedTuple
 
@@ -78,13 +79,24 @@ def same_contents(path_a: str, path_b: str) -> bool:
     """Whether two files hold the same bytes (blocking).
 
     Raises:
+        StoragePermissionError: A file is not a regular file (a FIFO planted since listing).
         OSError: A file cannot be opened or read.
     """
     buffer_a, buffer_b = _thread_buffers()
-    with open(path_a, "rb", buffering=0) as file_a, open(path_b, "rb", buffering=0) as file_b:
+    with _open_regular(path_a) as file_a, _open_regular(path_b) as file_b:
         if os.fstat(file_a.fileno()).st_size != os.fstat(file_b.fileno()).st_size:
             return False
         return _same_from_here(file_a, file_b, buffer_a, buffer_b)
+
+
+def _open_regular(path: str) -> io.FileIO:
+    """*path* opened to read, if it is a regular file (``O_NONBLOCK``: a FIFO does not block
+    the open; it changes nothing for a regular file's reads)."""
+    file = io.FileIO(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK), "rb")
+    if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+        file.close()
+        raise StoragePermissionError(f"refusing to read {path}: not a regular file")
+    return file
 
 
 def _thread_buffers() -> tuple[bytearray, bytearray]:

@@ -8,8 +8,9 @@ shard's rename and its record), indexed from their tar headers. Temporary files 
 trajtrack's own files are never listed as dumps.
 
 A run directory is untrusted input: a record line whose path (or shard) would leave the run,
-and a file that is a symbolic link leading out of it, are listed with a ``problem`` that
-readers report and refuse, never read.
+a file that is a symbolic link leading out of it, and a file that is not a regular file (a
+FIFO, whose opening would block; a socket, a device; a record segment or shard among them
+too) are listed with a ``problem`` that readers report and refuse, never read.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import operator
 import os.path
 from typing import Final
 
+import anyio.from_thread
 import anyio.to_thread
 
 from trajtrack._exceptions import (
@@ -30,10 +32,10 @@ from trajtrack.backends import FileInfo, Storage
 from trajtrack.backends.local import LocalStorage
 from trajtrack.layouts.names import is_internal_path, parse_temp_path
 from trajtrack.layouts.records import RECORDS_PREFIX
-from trajtrack.layouts.shards import is_shard_path, scan_members
+from trajtrack.layouts.shards import ShardHeaderError, index_members, is_shard_path
 from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order
 from trajtrack.reader._gather import gather_bounded
-from trajtrack.reader._record_set import OUTSIDE, RecordSet, path_problem
+from trajtrack.reader._record_set import RecordSet, file_problem, path_problem
 
 __all__ = ["scan_run"]
 
@@ -58,9 +60,19 @@ async def scan_run(storage: Storage, *, suffix: str, concurrency: int) -> RunLis
         f.path: f for f in internal if is_shard_path(f.path) and parse_temp_path(f.path) is None
     }
     recorded_shards = await anyio.to_thread.run_sync(record.shards)
-    unindexed = [info for path, info in shards.items() if path not in recorded_shards]
+    unindexed = [
+        info for path, info in shards.items() if path not in recorded_shards and not info.special
+    ]
     found = await gather_bounded(
         unindexed, lambda shard: _index_shard(storage, shard, suffix), limit=concurrency
+    )
+    found.append(  # never read: listed with their problem
+        [_unrecorded(f, suffix) for f in internal if f.special and f.path in shards]
+        + [
+            _refused_segment(f, suffix)
+            for f in internal
+            if _is_segment(f.path) and not _readable(f)
+        ]
     )
     dumps = await anyio.to_thread.run_sync(_merge, record, listed, shards, found, suffix)
     return RunListing(tuple(dumps), len(segments), record.bad, len(shards), len(unindexed))
@@ -87,12 +99,12 @@ async def _listed_and_recorded(
     if not files:
         await _check_exists(storage)
     listed, internal = _split(files)
-    segments = [f.path for f in internal if _is_segment(f.path)]
+    segments = [f.path for f in internal if _is_segment(f.path) and _readable(f)]
     if early is not None and early.keys() == set(segments):
         return listed, internal, segments, early_record
     if early is not None and not early.keys() <= set(segments):
         listed, internal = _split(await storage.list(""))  # sizes that no record vouches for
-        segments = [f.path for f in internal if _is_segment(f.path)]
+        segments = [f.path for f in internal if _is_segment(f.path) and _readable(f)]
     read_first = early or {}
 
     async def segment(path: str) -> bytes:  # one read first is not read again
@@ -109,7 +121,7 @@ async def _early_segments(storage: LocalStorage, concurrency: int) -> dict[str, 
         found = await storage.list(RECORDS_PREFIX)
     except StoragePermissionError:  # the records folder is a link leading out: not the run's
         return {}
-    paths = [f.path for f in found if _is_segment(f.path)]
+    paths = [f.path for f in found if _is_segment(f.path) and _readable(f)]
     data = await gather_bounded(paths, lambda path: _read_segment(storage, path), limit=concurrency)
     return dict(zip(paths, data, strict=True))
 
@@ -158,6 +170,24 @@ _BY_NAME: Final = operator.itemgetter(0)  # DumpInfo.name
 _BY_TIME: Final = operator.itemgetter(8)  # DumpInfo.time
 
 
+SEGMENT_MAX: Final = 1 << 30
+"""The largest record segment read (segments are written every few seconds: a few MB at
+most); a bigger one is listed as refused, never read whole into memory."""
+
+
+def _readable(segment: FileInfo) -> bool:
+    """Whether a record *segment* may be read: a regular file within :data:`SEGMENT_MAX`."""
+    return not segment.special and segment.size <= SEGMENT_MAX
+
+
+def _refused_segment(segment: FileInfo, suffix: str) -> DumpInfo:
+    refused = _unrecorded(segment, suffix)
+    if refused.problem is not None:
+        return refused
+    problem = f"a record segment of {segment.size} bytes (more than {SEGMENT_MAX})"
+    return refused._replace(problem=problem)
+
+
 def _is_segment(path: str) -> bool:
     return (
         path.startswith(RECORDS_PREFIX + "/")
@@ -186,8 +216,7 @@ async def _read_segment(storage: Storage, path: str) -> bytes:
 
 
 def _unrecorded(info: FileInfo, suffix: str) -> DumpInfo:
-    problem = OUTSIDE if info.outside else None
-    return _unrecorded_dump(info.path, info.size, info.mtime, suffix, problem)
+    return _unrecorded_dump(info.path, info.size, info.mtime, suffix, file_problem(info))
 
 
 def _unrecorded_dump(
@@ -225,16 +254,27 @@ def _name_of(path: str, suffix: str) -> str:
 
 
 async def _index_shard(storage: Storage, shard: FileInfo, suffix: str) -> list[DumpInfo]:
-    """The members of a shard no record describes, from its tar headers."""
+    """The members of a shard no record describes, from its tar headers alone (ranged reads
+    of its headers from a worker thread: never the whole shard, whose size the run sets).
+    A header refused (:class:`~trajtrack.layouts.shards.ShardHeaderError`) is listed as the
+    shard's problem, after the members before it."""
     if shard.outside:
         return []
+
+    def read(offset: int, length: int) -> bytes:
+        return anyio.from_thread.run(storage.read_range, shard.path, offset, length)
+
+    refused: list[DumpInfo] = []
     try:
-        data = await storage.read(shard.path)
+        members = await anyio.to_thread.run_sync(index_members, read, shard.size)
     except StorageNotFoundError:
         return []
-    members = await anyio.to_thread.run_sync(scan_members, data)
+    except ShardHeaderError as exc:
+        members = exc.members
+        problem = f"its tar headers are refused: {exc}"
+        refused.append(_unrecorded_dump(shard.path, shard.size, shard.mtime, suffix, problem))
     logger.info("%s: indexed %d members of unrecorded shard %s", storage.url, len(members), shard)
-    return [
+    return refused + [
         _unrecorded_dump(
             member.name,
             member.size,

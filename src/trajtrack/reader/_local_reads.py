@@ -16,6 +16,7 @@ dumps): no call per member but the slice, the checks of :func:`check_readable` a
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import weakref
 from collections.abc import Sequence
@@ -25,13 +26,15 @@ from trajtrack._exceptions import DumpLoadError, StorageError, StoragePermission
 from trajtrack.backends import check_relative
 from trajtrack.backends._local_paths import DirectoryReader, resolve_inside
 from trajtrack.backends.local import translate
-from trajtrack.reader._batch_reads import check_readable, span_end, whole_member
+from trajtrack.reader._batch_reads import check_held, check_readable, span_end, whole_member
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._files import real_root
 
 __all__ = ["LocalReader", "read_local"]
 
-_SHARD_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted as a shard since the listing is opened without waiting for a
+# writer, then refused (it changes nothing for a regular file).
+_SHARD_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 def read_local(
@@ -58,6 +61,7 @@ def read_local(
                     continue
                 offset = info.offset or 0
                 if shard != shard_at or offset < start or offset + info.size > end:
+                    check_held(info)
                     shard_at, start = shard, offset
                     length = span_end(infos, index)[0] - start
                     window = os.pread(reader.shard(info), length, start)
@@ -105,7 +109,7 @@ class _Reader:
                 path = resolve_inside(self._root, self._real, check_relative(shard))
             except StoragePermissionError as exc:
                 raise StoragePermissionError(f"{info.name}: {exc} (outside the run)") from exc
-            fd = os.open(path, _SHARD_FLAGS)
+            fd = _open_shard(path, info)
             if self._kept is None or not self._kept.keep(shard, fd):
                 self._shards[shard] = fd
         return fd
@@ -114,6 +118,18 @@ class _Reader:
         self._files.close()
         for fd in self._shards.values():
             os.close(fd)
+
+
+def _open_shard(path: str, info: DumpInfo) -> int:
+    """A descriptor of the shard at *path*, if it is a regular file (``fstat``: never a
+    FIFO, socket or device planted since the listing)."""
+    fd = os.open(path, _SHARD_FLAGS)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StoragePermissionError(
+            f"{info.name}: refusing to read its shard {info.shard}: not a regular file"
+        )
+    return fd
 
 
 class _ShardFiles:

@@ -26,9 +26,10 @@ from trajtrack.layouts.records import RecordFields, SegmentPart, decode_segment_
 from trajtrack.layouts.shards import is_shard_path
 from trajtrack.reader._dumps import DumpInfo
 
-__all__ = ["OUTSIDE", "RecordSet", "path_problem"]
+__all__ = ["OUTSIDE", "SPECIAL", "RecordSet", "file_problem", "path_problem"]
 
 OUTSIDE: Final = "a symbolic link leading out of the run"
+SPECIAL: Final = "not a regular file (a FIFO, socket or device)"
 
 # Where a record's path, size, time and shard are in its RecordFields.
 _PATH: Final = 1
@@ -135,7 +136,7 @@ def _from_columns(
     count = len(part.paths)
     if part.shards is None or part.shard is None or part.offsets is None:
         files = list(map(listed.get, part.paths))
-        if any(file is not None and file.outside for file in files):
+        if any(file is not None and (file.outside or file.special) for file in files):
             return None
         stored: Iterable[int | None] = [None if f is None else f.size for f in files]
         shard_paths: Iterable[str | None] = repeat(None, count)
@@ -175,7 +176,7 @@ def _shard_sizes(line_shards: list[str], shards: dict[str, FileInfo]) -> list[in
     sizes = []
     for shard in line_shards:
         file = shards.get(shard)
-        if file is None or file.outside or shard_problem(shard) is not None:
+        if file is None or file_problem(file) or shard_problem(shard) is not None:
             return None
         sizes.append(file.size)
     return sizes
@@ -210,12 +211,22 @@ def _from_records(
             else:  # what the shard holds of the member's bytes
                 held = file.size - (offset or 0)
                 stored = size if held >= size else max(0, held)
-        if problem is None and file is not None and file.outside:
-            problem = OUTSIDE
+        if problem is None and file is not None:
+            problem = file_problem(file)
         recorded = True
         fields = (name, path, size, checksum, writer, host, pid, rank, time, recorded, stored)
         append(new(DumpInfo, (*fields, shard_path, offset, problem)))
     return dumps
+
+
+def file_problem(file: FileInfo) -> str | None:
+    """Why a listed *file* must not be opened (a link leading out of the run, not a regular
+    file), or ``None``."""
+    if file.outside:
+        return OUTSIDE
+    if file.special:
+        return SPECIAL
+    return None
 
 
 def path_problem(path: str) -> str | None:

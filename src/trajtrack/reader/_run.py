@@ -15,6 +15,7 @@ from __future__ import annotations
 import builtins
 import functools
 import os
+import stat
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -24,10 +25,11 @@ import anyio.to_thread
 
 from trajtrack._exceptions import (
     StorageNotFoundError,
+    StoragePermissionError,
 )
 from trajtrack.backends import Storage, open_storage, scheme_of
 from trajtrack.backends.local import translated
-from trajtrack.reader._batch_reads import check_readable, read_remote, whole_member
+from trajtrack.reader._batch_reads import check_held, check_readable, read_remote, whole_member
 from trajtrack.reader._dumps import DumpInfo, RunListing, matches
 from trajtrack.reader._files import LocalFile, inside_run, local_file
 from trajtrack.reader._listing import scan_run
@@ -166,6 +168,7 @@ class Run:
         """
         info = name if isinstance(name, DumpInfo) else await self.info(name)
         check_readable(self._url, info)
+        check_held(info)
         storage = await self._opened()
         if info.shard is None:
             return await storage.read(info.path)
@@ -297,7 +300,10 @@ def _load_sync(data: bytes, unsafe: bool, where: str) -> Any:
 
 def _load_file_sync(file: LocalFile, unsafe: bool, where: str) -> Any:
     with translated(f"{where}: {file.path}"):
-        return load_dump_file(inside_run(file, where), unsafe=unsafe, where=where)
+        path = inside_run(file, where)
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO planted since the listing
+            raise StoragePermissionError(f"{where}: refusing to read {path}: not a regular file")
+        return load_dump_file(path, unsafe=unsafe, where=where)
 
 
 def open_run(url: str | os.PathLike[str], **options: Any) -> Run:
