@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from trajtrack._exceptions import TrajtrackError
+from trajtrack.cli import _parsers
 from trajtrack.cli._collector import collected_every
 from trajtrack.cli._common import EXIT_ERROR, SUMMARIES, Streams, printable
 
@@ -24,6 +25,7 @@ __all__ = ["build_parser", "main"]
 # Imported only when a command is on the line: `trajtrack --help`, `--version` and a missing
 # or unknown command answer without importing torch (seconds), which the commands need.
 _COMMANDS = ("ls", "show", "diff", "verify", "export", "demo")
+_LIGHT_PARSERS = ("show", "diff", "demo")  # parsers in trajtrack.cli._parsers
 
 _EPILOG = """\
 exit codes:
@@ -58,7 +60,9 @@ def _parser(load: Sequence[str]) -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMANDS:
-        if name in load:
+        if name in _LIGHT_PARSERS and name in load:  # the command's module imports torch
+            getattr(_parsers, f"add_{name}")(commands)
+        elif name in load:
             importlib.import_module(f"trajtrack.cli.{name}").add_parser(commands)
         else:
             commands.add_parser(name, help=SUMMARIES[name])

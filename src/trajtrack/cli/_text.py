@@ -13,59 +13,22 @@ from typing import Any
 
 import anyio.to_thread
 
-from trajtrack._exceptions import ConfigurationError, TrajtrackError
+from trajtrack._exceptions import TrajtrackError
 from trajtrack.reader import DumpComparison, Run, RunDiff
 from trajtrack.reader._text import (
     TextRow,
     TokenDifference,
     load_tokenizer,
-    parse_rows,
     text_differences,
     token_keys,
 )
 
 __all__ = [
-    "add_text_options",
     "diff_text",
     "diff_text_lines",
     "show_text_lines",
     "tokenizer_of",
 ]
-
-
-def add_text_options(parser: argparse.ArgumentParser, *, rows: bool) -> None:
-    """``--tokenizer`` and ``--text-keys`` (and ``--rows`` for ``show``)."""
-    parser.add_argument(
-        "--tokenizer",
-        metavar="PATH",
-        help="decode token ids (input_ids, prompts, responses) with this tokenizer.json or "
-        "model directory; needs pip install 'trajtrack[text]'; nothing is downloaded",
-    )
-    parser.add_argument(
-        "--text-keys",
-        type=_keys,
-        default=(),
-        metavar="K,...",
-        help="more keys of token-id tensors to decode (with --tokenizer)",
-    )
-    if rows:
-        parser.add_argument(
-            "--rows",
-            type=_rows,
-            metavar="SPEC",
-            help="rows to show as text, e.g. '0-3,7' (default: the first 8 of each batch)",
-        )
-
-
-def _keys(text: str) -> tuple[str, ...]:
-    return tuple(k.strip() for k in text.split(",") if k.strip())
-
-
-def _rows(text: str) -> list[int]:
-    try:
-        return parse_rows(text)
-    except ConfigurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 async def tokenizer_of(args: argparse.Namespace) -> Any:

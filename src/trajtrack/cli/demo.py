@@ -15,9 +15,8 @@ import argparse
 import functools
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -29,7 +28,8 @@ import trajtrack.cli.ls as ls_command
 from trajtrack._exceptions import ConfigurationError, MissingDependencyError
 from trajtrack.backends import BytesPayload, open_storage, scheme_of
 from trajtrack.backends.local import LocalStorage
-from trajtrack.cli._common import EXIT_DIFFERENT, EXIT_OK, SUMMARIES, Streams, format_size
+from trajtrack.cli._common import EXIT_DIFFERENT, EXIT_OK, Streams, format_size
+from trajtrack.cli._parsers import DEMO_MARKER, DemoConfig
 from trajtrack.rollout import (
     MetricsAggregator,
     RolloutBatch,
@@ -39,71 +39,10 @@ from trajtrack.rollout import (
 )
 from trajtrack.tracker import Tracker, TrackerStatistics
 
-__all__ = ["DEMO_MARKER", "DemoConfig", "add_parser", "run", "simulate_run"]
-
-DEMO_MARKER = ".trajtrack/demo-run"
-"""The file that marks a run as the demo's own: only such runs are replaced by a rerun."""
+__all__ = ["DEMO_MARKER", "DemoConfig", "run", "simulate_run"]
 
 _PROMPT_LEN = 16
 _RESPONSE_LEN = 24
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    """Shape of a simulated run."""
-
-    steps: int = 4
-    prompts: int = 8
-    n: int = 2
-    seed: int = 1234
-    perturb_step: int = 2
-    perturb_prompt: int = 3
-    perturbation: float = 1e-3
-    layout: Literal["files", "shards"] = "shards"  # a sample per dump: many small dumps
-
-
-_DEFAULTS = DemoConfig()
-
-
-def add_parser(commands: Any) -> None:
-    parser: argparse.ArgumentParser = commands.add_parser(
-        "demo",
-        help=SUMMARIES["demo"],
-        description=(
-            "Run two short simulated async-rollouter runs into DIR/run_a and DIR/run_b "
-            "(identical seeds; run B perturbs one element of one tensor in one step), print "
-            "what was written and the tracker statistics, then `ls` and a `diff` that "
-            "pinpoints the perturbed step, with its HTML report in DIR/diff-report.html "
-            "(for a remote DIR: ./trajtrack-demo-diff-report.html; needs "
-            "pip install 'trajtrack[report]'). DIR may be any storage URL (e.g. webhdfs://...). "
-            "Exit 0 when the diff found exactly the perturbation. "
-            "It writes DIR/run_a, DIR/run_b (each marked as the demo's by "
-            f"{DEMO_MARKER}) and the report. A rerun replaces runs that carry the mark and "
-            "nothing else: a run_a or run_b folder holding anything the demo did not write "
-            "(your own run, say) is refused with exit 2 and left as it is."
-        ),
-    )
-    parser.add_argument(
-        "dest",
-        nargs="?",
-        default="trajtrack-demo",
-        metavar="DIR",
-        help="where to write (default: ./trajtrack-demo)",
-    )
-    parser.add_argument("--steps", type=int, default=_DEFAULTS.steps, help="training steps")
-    parser.add_argument(
-        "--prompts", type=int, default=_DEFAULTS.prompts, help="concurrent prompts per step"
-    )
-    parser.add_argument("--n", type=int, default=_DEFAULTS.n, help="responses per prompt")
-    parser.add_argument("--seed", type=int, default=_DEFAULTS.seed, help="the shared seed")
-    parser.add_argument(
-        "--layout",
-        choices=("shards", "files"),
-        default=_DEFAULTS.layout,
-        help="storage layout: dumps packed into tar shards (default, right for per-sample "
-        "dumps) or one .pth file per dump",
-    )
-    parser.set_defaults(handler=run)
 
 
 async def run(args: argparse.Namespace, streams: Streams) -> int:
@@ -112,8 +51,8 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
         prompts=args.prompts,
         n=args.n,
         seed=args.seed,
-        perturb_step=min(_DEFAULTS.perturb_step, args.steps - 1),
-        perturb_prompt=min(_DEFAULTS.perturb_prompt, args.prompts - 1),
+        perturb_step=min(DemoConfig.perturb_step, args.steps - 1),
+        perturb_prompt=min(DemoConfig.perturb_prompt, args.prompts - 1),
         layout=args.layout,
     )
     if config.steps < 1 or config.prompts < 1 or config.n < 2:

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 import anyio.to_thread
 
 from trajtrack.cli._common import (
-    SUMMARIES,
     Streams,
-    add_output_options,
-    non_negative_float,
-    positive_int,
     printable,
     progress_callback,
     write_json,
 )
-from trajtrack.cli._text import add_text_options, diff_text, diff_text_lines, tokenizer_of
+from trajtrack.cli._text import diff_text, diff_text_lines, tokenizer_of
 from trajtrack.reader import (
     VOLATILE_KEYS,
     Difference,
@@ -31,7 +26,7 @@ from trajtrack.reader import (
 )
 from trajtrack.reader._text_report import render_text_section
 
-__all__ = ["add_parser", "render", "run"]
+__all__ = ["render", "run"]
 
 _LABELS = {
     "different": "DIFFERENT",
@@ -40,83 +35,6 @@ _LABELS = {
     "error": "ERROR",
     "equal": "equal",
 }
-
-
-def add_parser(commands: Any) -> None:
-    parser: argparse.ArgumentParser = commands.add_parser(
-        "diff",
-        help=SUMMARIES["diff"],
-        description=(
-            "Pair the dumps of two runs by name and compare them structurally: missing and "
-            "extra dumps and keys, type/length/shape/dtype mismatches, and for numbers the "
-            "max absolute and relative difference and the index of the first element outside "
-            "tolerance. Dumps are listed in dump order (commit time relative to each run's "
-            "first dump, then name), so the first divergence is at the top. "
-            "An element is equal when |a - b| <= atol + rtol * |b| (b from URL_B); the "
-            "default is exact equality. NaN equals NaN at the same position unless "
-            "--nan-unequal. Each file is read once, in parallel. Loading is safe "
-            "(weights_only) unless --unsafe."
-        ),
-        epilog="exit codes: 0 equal within tolerance, 1 the runs differ (values, keys, "
-        "or dumps present in only one run), 2 usage or I/O error, or a dump that cannot be "
-        "compared (refused as unsafe, corrupt): such a dump is an error, listed apart, never "
-        "the first divergence. Containers of other types holding the same data (a DataProto "
-        "and a RolloutBatch) are equal, with a note.",
-    )
-    parser.add_argument("url_a", metavar="URL_A", help="run A")
-    parser.add_argument("url_b", metavar="URL_B", help="run B (the reference for rtol)")
-    parser.add_argument("--names", metavar="GLOB", help="only dumps whose name matches")
-    parser.add_argument(
-        "--rtol", type=non_negative_float, default=0.0, metavar="R", help="relative tolerance"
-    )
-    parser.add_argument(
-        "--atol", type=non_negative_float, default=0.0, metavar="A", help="absolute tolerance"
-    )
-    parser.add_argument(
-        "--nan-unequal", action="store_true", help="count NaN == NaN as a difference"
-    )
-    parser.add_argument(
-        "--ignore",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="leave out key paths matching this glob, as diff prints them ('*timing_s*', "
-        '".rollout_status[*]"): * any characters, ? one, brackets literal; repeatable',
-    )
-    parser.add_argument(
-        "--ignore-volatile",
-        action="store_true",
-        help="also leave out verl's volatile bookkeeping: " + ", ".join(VOLATILE_KEYS),
-    )
-    parser.add_argument(
-        "--unsafe",
-        action="store_true",
-        help="allow a full unpickle: RUNS CODE from the dumps; only for runs you trust",
-    )
-    parser.add_argument(
-        "--max-dumps",
-        type=positive_int,
-        default=20,
-        metavar="N",
-        help="differing dumps printed in full (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-differences",
-        type=positive_int,
-        default=5,
-        metavar="N",
-        help="differences printed per dump (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--html",
-        metavar="FILE",
-        help="also write a self-contained HTML report (summary, a plot of the differences "
-        "dump by dump, the differing dumps, a histogram of the first divergent tensor); "
-        "needs pip install 'trajtrack[report]'",
-    )
-    add_text_options(parser, rows=False)
-    add_output_options(parser, progress=True)
-    parser.set_defaults(handler=run)
 
 
 async def run(args: argparse.Namespace, streams: Streams) -> int:

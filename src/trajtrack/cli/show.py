@@ -15,15 +15,14 @@ import torch
 
 from trajtrack.cli._common import (
     EXIT_OK,
-    SUMMARIES,
     Streams,
-    add_output_options,
     format_size,
     format_time,
     printable,
     write_json,
 )
-from trajtrack.cli._text import add_text_options, show_text_lines, tokenizer_of
+from trajtrack.cli._parsers import MAX_ITEMS
+from trajtrack.cli._text import show_text_lines, tokenizer_of
 from trajtrack.reader import (
     DumpInfo,
     open_run,
@@ -34,48 +33,11 @@ from trajtrack.reader import (
 from trajtrack.reader._kinds import abbreviate, within_budget
 from trajtrack.reader._text import text_rows
 
-__all__ = ["add_parser", "describe", "run"]
+__all__ = ["describe", "run"]
 
-_MAX_ITEMS = 20  # children shown per container
 _MAX_DEPTH = 12
 _ABBREVIATE = 60
 _BATCH_PARTS = ("batch", "non_tensor_batch", "meta_info")
-
-
-def add_parser(commands: Any) -> None:
-    parser: argparse.ArgumentParser = commands.add_parser(
-        "show",
-        help=SUMMARIES["show"],
-        description=(
-            "Load one dump (safely: torch.load(weights_only=True) with trajtrack's allow-list) "
-            "and print its nested structure: keys, tensor shapes, dtypes, devices, "
-            "min/max/mean and NaN/inf counts, non-tensor values abbreviated. "
-            "Exit 0, or 2 when the dump cannot be read or is refused."
-        ),
-    )
-    parser.add_argument("url", metavar="URL", help="the run: a local path or a storage URL")
-    parser.add_argument("name", metavar="NAME", help="the dump name (or its path in the run)")
-    parser.add_argument(
-        "--unsafe",
-        action="store_true",
-        help="allow a full unpickle: RUNS CODE from the dump; only for dumps you trust",
-    )
-    parser.add_argument(
-        "--max-items",
-        type=int,
-        default=_MAX_ITEMS,
-        metavar="N",
-        help="children shown per container (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--html",
-        metavar="FILE",
-        help="also write a self-contained HTML page with a histogram of each tensor's values; "
-        "needs pip install 'trajtrack[report]'",
-    )
-    add_text_options(parser, rows=True)
-    add_output_options(parser)
-    parser.set_defaults(handler=run)
 
 
 async def run(args: argparse.Namespace, streams: Streams) -> int:
@@ -117,7 +79,7 @@ def _print(streams: Streams, info: DumpInfo, tree: dict[str, Any]) -> None:
         streams.line(printable(line))
 
 
-def describe(obj: Any, max_items: int = _MAX_ITEMS, depth: int = 0) -> dict[str, Any]:
+def describe(obj: Any, max_items: int = MAX_ITEMS, depth: int = 0) -> dict[str, Any]:
     """A JSON-serializable description of *obj*: type, and children or statistics.
 
     Bounded whatever the object: a node reached again through a shared reference is described
