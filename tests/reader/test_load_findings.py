@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import zipfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -198,4 +199,23 @@ def test_a_storage_record_marked_as_a_directory_is_refused(tmp_path: Path) -> No
     path = tmp_path / "dump.pt"
     path.write_bytes(data)
     with pytest.raises(DumpLoadError, match="marked as a directory"):
+        load_dump_file(path)
+
+
+def test_a_compressed_record_is_refused_not_inflated(tmp_path: Path) -> None:
+    # #32 item 6: torch inflates a compressed record in the loading process, whatever it
+    # inflates to; torch.save never compresses, so trajtrack refuses such an archive.
+    honest = saved(torch.zeros(1 << 18))  # 1 MiB of zeros: deflates to about a kilobyte
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(honest)) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+    deflated = out.getvalue()
+    assert len(deflated) < len(honest) // 100
+    assert torch.equal(torch.load(io.BytesIO(deflated), weights_only=True), torch.zeros(1 << 18))
+    with pytest.raises(DumpLoadError, match="is compressed"):
+        load_dump_bytes(deflated)
+    path = tmp_path / "dump.pt"
+    path.write_bytes(deflated)
+    with pytest.raises(DumpLoadError, match="is compressed"):
         load_dump_file(path)

@@ -296,7 +296,7 @@ def restricted_load(source: Any) -> Any:
         loaded = fast_load(source)  # without torch.load's pure-Python unpickler
         if loaded is not DECLINED:
             return loaded
-    _refuse_directory_records(source)
+    _refuse_unsafe_records(source)
     file = _file(source) if isinstance(source, bytes) else source
     if not sparse_checks_enabled():
         return finish(torch.load(file, map_location="cpu", weights_only=True, mmap=False))
@@ -309,16 +309,19 @@ def restricted_load(source: Any) -> Any:
     return finish(loaded)
 
 
-def _refuse_directory_records(source: Any) -> None:
-    """Refuse a zip archive with a record marked as a directory (name or DOS attribute).
+def _refuse_unsafe_records(source: Any) -> None:
+    """Refuse a zip archive with a record marked as a directory, or a compressed record.
 
-    torch's zip reader (miniz) takes such a record for a directory and extracts nothing into
-    the buffer it allocated for it: ``torch.load`` returns a tensor of uninitialized memory
-    (what the process freed before). So such an archive never reaches torch. Not a zip
+    torch's zip reader (miniz) takes a record marked as a directory (name or DOS attribute) for
+    a directory and extracts nothing into the buffer it allocated for it: ``torch.load``
+    returns a tensor of uninitialized memory (what the process freed before). A compressed
+    record is inflated by torch in the loading process, to whatever size it inflates to (a
+    megabyte can hold a gigabyte of zeros); ``torch.save`` never compresses a record, so one
+    that is compressed was not written by it. Such archives never reach torch. Not a zip
     archive: torch decides (its legacy format, or its own error).
 
     Raises:
-        DumpLoadError: A record is marked as a directory.
+        DumpLoadError: A record is marked as a directory, or compressed.
     """
     if not isinstance(source, (bytes, str)):
         return  # a file object: the worker's reply, which torch.save wrote
@@ -332,6 +335,11 @@ def _refuse_directory_records(source: Any) -> None:
             raise DumpLoadError(
                 f"cannot be loaded: its record {entry.filename!r} is marked as a directory "
                 "(torch would return uninitialized memory for it)"
+            )
+        if entry.compress_type != zipfile.ZIP_STORED:
+            raise DumpLoadError(
+                f"cannot be loaded: its record {entry.filename!r} is compressed (torch.save "
+                "never compresses; inflating it would cost this process its inflated size)"
             )
 
 
