@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from _support.require import require_module
+
 from ._runs import WritesMarker, run_cli, run_json, write_run
 
 
@@ -379,10 +381,13 @@ def test_archives_equal_apart_from_their_serialization_id_are_equal_unloaded(
     assert code == 2 and "ERROR      evil" in out
 
 
+@pytest.mark.verl
 def test_runs_before_and_after_switching_to_dataproto_diff_equal(
     fresh: tuple[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    protocol = pytest.importorskip("verl.protocol")
+    require_module("verl.protocol", required_by="TRAJTRACK_REQUIRE_VERL", hint="see .ci/run")
+    import verl.protocol as protocol
+
     from trajtrack.rollout import RolloutBatch
 
     a, b = fresh
@@ -393,6 +398,8 @@ def test_runs_before_and_after_switching_to_dataproto_diff_equal(
     )
     write_run(a, {"step0/batch": RolloutBatch(dict(tensors), {"uid": uids}, {"step": 1})})
     write_run(b, {"step0/batch": proto})
+    code, out, _ = run_cli(capsys, "diff", a, b)  # safe: the DataProto is read as data
+    assert code == 0 and "1 dumps: 1 equal" in out, out
     report = tmp_path / "r.html"
     code, out, _ = run_cli(capsys, "diff", a, b, "--unsafe", "--html", str(report))
     assert code == 0, out
@@ -401,6 +408,8 @@ def test_runs_before_and_after_switching_to_dataproto_diff_equal(
     assert "RolloutBatch vs DataProto at &lt;root&gt;: compared by content" in report.read_text()
     proto.batch["logp"][2, 1] = 1.0
     write_run(str(tmp_path / "c"), {"step0/batch": proto})
-    code, out, _ = run_cli(capsys, "diff", a, str(tmp_path / "c"), "--unsafe")
-    assert code == 1
-    assert ".batch['logp']: 1 of 12 elements differ" in out and "1 row differs: 2 (uid c)" in out
+    for safety in ((), ("--unsafe",)):
+        code, out, _ = run_cli(capsys, "diff", a, str(tmp_path / "c"), *safety)
+        assert code == 1, out
+        assert ".batch['logp']: 1 of 12 elements differ" in out, out
+        assert "1 row differs: 2 (uid c)" in out, out
