@@ -330,6 +330,11 @@ def _refuse_unsafe_records(source: Any) -> None:
             entries = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError):
         return
+    if any("/code/__torch__/" in entry.filename for entry in entries):
+        raise DumpLoadError(  # torch.jit.save compresses its code records: say what it is
+            "cannot be loaded: a TorchScript archive (torch.jit.save), not a torch.save dump; "
+            "torch.jit.load runs its code: only for a file you trust"
+        )
     for entry in entries:
         if entry.filename.endswith("/") or entry.external_attr & _DOS_DIRECTORY:
             raise DumpLoadError(
