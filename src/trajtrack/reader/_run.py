@@ -16,7 +16,7 @@ import builtins
 import functools
 import os
 import stat
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -215,13 +215,26 @@ class Run:
             StorageNotFoundError: No such dump.
             StoragePermissionError: The dump's path would leave the run.
         """
+        return await anyio.to_thread.run_sync(await self.loader(name, unsafe=unsafe))
+
+    async def loader(self, name: str | DumpInfo, *, unsafe: bool = False) -> Callable[[], Any]:
+        """What :meth:`load` runs in a worker thread: the dump's load, as a blocking call.
+
+        The dump is looked up (and, for a remote storage, read) here; the call deserializes
+        it. :class:`SyncRun` runs it in its caller's thread, which waits anyway: one thread
+        hop less per dump than :meth:`load` (``benchmarks/bench_rollout_load.py``).
+
+        Raises:
+            StorageNotFoundError: No such dump.
+            StoragePermissionError: The dump's path would leave the run.
+        """
         info = name if isinstance(name, DumpInfo) else await self.info(name)
         check_readable(self._url, info)
         path = local_file(await self._opened(), info)
         if path is not None:  # torch reads the file itself: no copy of its bytes in between
-            return await anyio.to_thread.run_sync(_load_file_sync, path, unsafe, info.name)
+            return functools.partial(_load_file_sync, path, unsafe, info.name)
         data = await self.read_bytes(info)
-        return await anyio.to_thread.run_sync(_load_sync, data, unsafe, info.name)
+        return functools.partial(load_dump_bytes, data, unsafe=unsafe, where=info.name)
 
     async def iter_loaded(
         self, glob: str | None = None, *, unsafe: bool = False
@@ -292,10 +305,6 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self._url!r})"
-
-
-def _load_sync(data: bytes, unsafe: bool, where: str) -> Any:
-    return load_dump_bytes(data, unsafe=unsafe, where=where)
 
 
 def _load_file_sync(file: LocalFile, unsafe: bool, where: str) -> Any:

@@ -77,8 +77,9 @@ class SyncRun:
         return data
 
     def load(self, name: str | DumpInfo, *, unsafe: bool = False) -> Any:
-        """See :meth:`Run.load`."""
-        return self._portal.call(lambda: self._run.load(name, unsafe=unsafe))
+        """See :meth:`Run.load`. The dump is deserialized in this thread (it waits anyway)."""
+        load = self._portal.call(lambda: self._run.loader(name, unsafe=unsafe))
+        return load()
 
     def replay(
         self,
