@@ -108,8 +108,8 @@ def main(
     from trajtrack.reader import allow_in_this_process
 
     # The commands parallelize across files (threads); torch's own intra-op threads on top of
-    # that oversubscribe the cores (measured: a 1 MB compare 5x slower with 2 threads on 2
-    # cores under load). This is the CLI's own process, so it may set this globally.
+    # that oversubscribe the cores (threads x intra-op threads > cores; see
+    # ``benchmarks/bench_diff.py``). This is the CLI's own process, so it may set this globally.
     torch.set_num_threads(1)
     # Loads need trajtrack's allow-list: widened once, here, for this process only (a library
     # call never widens it; it loads such dumps in trajtrack's worker process instead).

@@ -3,10 +3,9 @@
 
 A command over a large run holds tens of thousands of objects (two listings, their pairs, the
 results) and allocates more for every dump. CPython's collector runs whenever allocations
-outnumber deallocations by 700, and walks every object that survived again and again: on two
-runs of 20,000 x 4 KB dumps, 15-25% of a ``diff``'s time (one step, building the pairs:
-0.05 s with the collector off, up to 0.4 s with it on). The commands' own objects form no
-reference cycles (a ``diff`` of 20,000 differing pairs with the collector off left 0
+outnumber deallocations by 700, and walks every object that survived again and again, a cost
+that grows with the run (``benchmarks/bench_small_reads.py`` times a ``diff``). The commands' own
+objects form no reference cycles (a ``diff`` of 20,000 differing pairs with the collector off left 0
 unreachable objects), so the automatic collector only costs time. It is switched off for the
 command, what the process holds at the start (imports, the parser) is frozen out of every
 collection (:func:`gc.freeze`), and a thread collects everything every

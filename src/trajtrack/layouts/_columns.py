@@ -1,7 +1,7 @@
 """Record lines in columns (format version 2): many dumps of one writer in one JSON object.
 
 A line per dump (version 1) costs a reader a JSON object, a dict and a conversion of every
-field per dump: 3.2 us a dump here, most of what listing a sharded run of 20,000 dumps cost.
+field per dump, most of what listing a sharded run cost (``benchmarks/bench_small_reads.py``).
 A line in columns holds one list per field (``name``, ``path``, ``size``, ``checksum``,
 ``time``) and what all its dumps share once (``host``, ``pid``, ``rank``, ``writer``); a shard
 member's shard is an index into the line's ``shards``, its place an ``offset``. JSON parses a

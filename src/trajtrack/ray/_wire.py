@@ -1,12 +1,12 @@
 """Plain data on the wire: the format both sides of the channel agree on.
 
-``torch.save`` of a small dict costs the caller 100-500 us (a zip archive with CRCs, pickling),
-more than the whole channel round trip. Plain data (nested dicts, lists and tuples of tensors,
-numpy arrays and scalars; see :func:`trajtrack.tracker.measure_plain`) does not need it to
-cross a process boundary: the caller sends the structure as JSON and each tensor's bytes as
-they lie in memory (:mod:`trajtrack.ray._wire_encode`), the actor rebuilds the object around
-the received buffer without copying (:mod:`trajtrack.ray._wire_decode`) and its upload workers
-run the serializer, off the caller's path.
+``torch.save`` of a small dict builds a zip archive with CRCs and pickles it, which costs the caller
+more than the whole channel round trip (``benchmarks/bench_ray.py``). Plain data (nested dicts,
+lists and tuples of tensors, numpy arrays and scalars; see :func:`trajtrack.tracker.measure_plain`)
+does not need it to cross a process boundary: the caller sends the structure as JSON and each
+tensor's bytes as they lie in memory (:mod:`trajtrack.ray._wire_encode`), the actor rebuilds the
+object around the received buffer without copying (:mod:`trajtrack.ray._wire_decode`) and its upload
+workers run the serializer, off the caller's path.
 
 Layout of one encoded payload::
 

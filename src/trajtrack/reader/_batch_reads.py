@@ -43,15 +43,11 @@ def read_batches(
 ) -> list[list[T]]:
     """*items* grouped for ``Run.read_many``, in their order, each larger item alone, the
     small ones up to 4,096 and 16 MiB (by *size*) a group: the larger a group, the longer the
-    spans of neighbouring shard members, the fewer requests and worker-thread hops. 20,000 x
-    4 KB members of two runs on the HDFS test cluster: 4.6-5.3 s in groups of 64, 1.0-1.4 s in
-    groups of 1,024, 0.9 s reading the shards whole; off a local disk, a sharded ``diff`` of
-    two such runs 0.969 s (median of six) in groups of 64, 0.793 s in groups of 1,024. Groups
-    of 8 MiB, 4 in flight (``diff``): its sharded diff on the HDFS test cluster 0.75 s against
-    0.90-0.95 s in groups of 4 MiB, 16 in flight; off a local disk the same within noise.
-    Groups of 16 MiB and spans of up to 16 MiB: the same diff 0.579-0.583 s against 0.634-0.647
-    s in groups of 8 MiB, side by side (56-57% of the raw read instead of 51%), peak RSS 393-396
-    instead of 330-331 MB; off a local disk 55% of the raw read, as before (pass 13).
+    spans of neighbouring shard members, the fewer requests and worker-thread hops. A remote
+    store's cost is per request, so large groups matter most there; the byte cap bounds the
+    memory a group holds (larger groups trade peak memory for fewer requests). Measured by
+    ``benchmarks/bench_hdfs_small_reads.py`` (HDFS) and ``benchmarks/bench_small_reads.py``
+    (local disk).
     """
     return group_small(items, small, _BATCH, weight=size, max_weight=_BATCH_BYTES)
 

@@ -87,7 +87,7 @@ async def diff_runs(
     pairs = _pairs(listed_a, listed_b)
     limit = max(1, min(run_a.concurrency, run_b.concurrency))
     # Loading and comparing is CPU work: more threads than cores only contend for the GIL,
-    # the caches and the cores the reads need (measured: not faster, often slower).
+    # the caches and the cores the reads need (``benchmarks/bench_diff.py``).
     cpu = anyio.CapacityLimiter(min(limit, os.cpu_count() or 1))
     total = len(pairs)
     progress = (lambda done: on_progress(done, total)) if on_progress else None
@@ -117,9 +117,9 @@ async def _list_both(
     run_a: Run, run_b: Run, names: str | None
 ) -> tuple[list[DumpInfo], list[DumpInfo]]:
     """Both runs' listings: one after the other when both are on this machine (listing is
-    CPU work there: two threads listing at once only queue for the GIL at each system call;
-    20,000 files each, 0.24 s in turn, 0.32 s at once), else at the same time (the first
-    failure cancels the other and raises as it is)."""
+    CPU work there: two threads listing at once only queue for the GIL at each system call,
+    so listing them at once is slower; ``benchmarks/bench_small_reads.py``), else at the
+    same time (the first failure cancels the other and raises as it is)."""
     await run_a.open()
     await run_b.open()
     if run_a.storage.local_path("") is not None and run_b.storage.local_path("") is not None:
@@ -154,8 +154,8 @@ def _pairs(listed_a: list[DumpInfo], listed_b: list[DumpInfo]) -> list[Pair]:
     ]
     # In dump order, which is mostly the order of the files in their directories and of the
     # members in their shards: a batch then reads neighbours (one directory opened, members
-    # fetched together), not names in a set's order (measured, 20,000 x 4 KB pairs: their reads
-    # and checks 2.4-3.3 s in set order, 1.3-1.4 s in dump order).
+    # fetched together), not names in a set's order, which scatters the reads
+    # (``benchmarks/bench_small_reads.py``).
     pairs.sort(key=_PAIR_ORDER)
     return pairs
 
@@ -186,19 +186,18 @@ class _Comparer:
         self.progress = progress
         self.done = 0
         # Small dumps: one loading thread. torch.load of a 4 KB dump releases and retakes the
-        # GIL many times; two such threads queue for it (measured: 3,072 pairs, 7.4 s with
-        # two threads, 6.2 s with one).
+        # GIL many times; two such threads queue for it, so a second thread only adds
+        # contention (``benchmarks/bench_small_reads.py``).
         self.small_cpu = anyio.CapacityLimiter(1)
         # Batches of shard members: read and byte-compared by two threads (see
         # _compare_members; files are read by the comparing thread: three system calls a file,
         # two threads would queue for the GIL at each).
         self.members_io = anyio.CapacityLimiter(2)
         # Batches of small pairs in flight (each reads many members, up to 16 requests at
-        # once): 4, not the run's concurrency. On the HDFS test cluster, a sharded diff of two
-        # 20,000-dump runs in 8 MiB batches: 0.67-0.77 s with 8 in flight, 0.75 s with 4 (and
-        # the least memory: 359 MB), 0.74-0.83 s with 16 (482 MB); in 4 MiB batches, 16 in
-        # flight as before, 0.90-0.95 s (366 MB). In 16 MiB batches, 4 in flight (pass 13):
-        # 0.58 s against 0.63-0.65 s in 8 MiB ones, side by side (peak RSS 395 vs 331 MB).
+        # once): 4, not the run's concurrency. Each batch in flight holds its bytes, and more
+        # than a few in flight no longer shortens a sharded diff (the requests already overlap),
+        # so 4 keeps the memory low at the same speed
+        # (``benchmarks/bench_hdfs_small_reads.py``).
         self.small_batches = anyio.CapacityLimiter(4)
         self._options = (tol, unsafe, limit, ignore)
         # Two local runs: small batches are read by the thread that compares them.
@@ -236,7 +235,8 @@ class _Comparer:
         """*pairs* in order, small pairs in groups (:func:`read_batches`): read with
         ``read_many`` (a local storage: in the hop that compares them), then loaded and
         compared in one hop. For small files, loading from the bytes is faster than torch
-        opening each file (measured: 4 KB dumps, 30% faster). Small: as
+        opening each file (one read per file, no zip seeks; ``benchmarks/bench_small_reads.py``).
+        Small: as
         :meth:`find_local_files` found them."""
         small = self.small
         return read_batches(pairs, lambda pair: pair[0] in small, _pair_bytes)

@@ -14,8 +14,9 @@ class DumpInfo(NamedTuple):
     """One dump of a run, as the record (or, for unrecorded files, the listing) describes it.
 
     An immutable named tuple: a listing makes one per dump (hundreds of thousands for a big
-    run), and a tuple is built for a fifth of a frozen dataclass's cost (0.25 against 1.3 us
-    here). Compare and copy it by field (``info._replace(...)``).
+    run), and a tuple is built in C, without a frozen dataclass's ``object.__setattr__`` per
+    field (``benchmarks/bench_small_reads.py`` times listings). Compare and copy it by field
+    (``info._replace(...)``).
 
     Attributes:
         name: The dump name (``"step3/sample0"``); for unrecorded files the path without the

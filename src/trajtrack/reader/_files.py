@@ -4,8 +4,8 @@
 read chunk by chunk into two buffers that each thread keeps (no allocation and no fresh pages
 per file; ``readinto`` releases the GIL) and compared as 8-byte words with numpy, stopping at
 the first chunk that differs. Memory maps of the files were measured too
-(``benchmarks/README.md``): mapping and unmapping two files per pair cost more than the copy on
-a 2-core VM, and a map dies with ``SIGBUS`` when its file is truncated.
+(``benchmarks/README.md``): mapping and unmapping two files per pair (page faults, TLB
+shootdowns) cost more than the copy, and a map dies with ``SIGBUS`` when its file is truncated.
 """
 
 from __future__ import annotations

@@ -84,10 +84,10 @@ async def _listed_and_recorded(
     """The run's files that may be dumps (by path), trajtrack's own files, the record
     segments among them, and what those record.
 
-    A local run's segments are read first, so that its listing can skip what they record: a
-    recorded file is listed with its recorded size, without an ``lstat`` (1.7 us a file
-    here). Only the segments the listing then finds count (not those behind a link, which it
-    never enters); if one read first is not among them, the run is listed again in full."""
+    A local run's segments are read first, so that its listing can skip what they record: a recorded
+    file is listed with its recorded size, without an ``lstat`` (a system call per file saved). Only
+    the segments the listing then finds count (not those behind a link, which it never enters); if
+    one read first is not among them, the run is listed again in full."""
     local = storage if isinstance(storage, LocalStorage) else None
     early = None if local is None else await _early_segments(local, concurrency)
     if local is None or early is None:
@@ -129,7 +129,7 @@ async def _early_segments(storage: LocalStorage, concurrency: int) -> dict[str, 
 def _split(files: list[FileInfo]) -> tuple[dict[str, FileInfo], list[FileInfo]]:
     """The files that may be dumps, by path, and trajtrack's own (records, shards, temporary
     files: :func:`~trajtrack.layouts.names.is_internal_path`), in one pass (a listing holds a
-    file per dump; three passes cost 2.2 us a file here, this one under 1)."""
+    file per dump, so each pass is per-file Python work; ``benchmarks/bench_small_reads.py``)."""
     listed: dict[str, FileInfo] = {}
     internal: list[FileInfo] = []
     for info in files:
@@ -158,7 +158,8 @@ def _merge(
     dumps.extend(_newest_by_path(unrecorded))
     if all(dump.time is not None for dump in dumps):
         # Two stable sorts by C key functions: time, then name among equal times (a tuple key
-        # per dump cost 0.3 us; the dumps come mostly in time order already).
+        # would build a tuple per dump; the dumps come mostly in time order already, which
+        # stable sorts exploit).
         dumps.sort(key=_BY_NAME)
         dumps.sort(key=_BY_TIME)
     else:

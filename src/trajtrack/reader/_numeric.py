@@ -196,7 +196,7 @@ def fast_flat(
                 count = int(np.count_nonzero(outside))
             if count:
                 mismatched += count
-                if first < 0:  # the method stops at the first True (0.2 us; np.argmax 0.9)
+                if first < 0:  # the method stops at the first True (np.argmax scans it all)
                     first = start + int(outside.argmax())
             # |a-b| / |b| as | |a-b| / b |, in place. b == 0 gives NaN (a == b: no relative
             # difference, and fmax skips NaN) or inf (a difference against a zero b, which
@@ -222,7 +222,7 @@ def _small_exact(
 ) -> tuple[bool, Mismatch | None]:
     """:func:`fast_flat` for a small array and zero tolerances (the default): the same steps
     on fresh arrays, in one go (no scratch buffers, no chunks: a small array's comparison is
-    its calls' overhead, 1.5 us less here)."""
+    its calls' overhead, which this saves; ``benchmarks/bench_diff.py``)."""
     with np.errstate(all="ignore"):  # inf - inf, 0 / 0 and x / 0 are expected here
         outside = xn != yn
         count = int(np.count_nonzero(outside))

@@ -221,7 +221,8 @@ def _ticks(ax: Axes, indices: Sequence[int], height: float, color: str, label: s
     """Vertical strokes from the bottom at *indices* (up to *height*, in axes fractions).
 
     One path with NaN breaks, however many dumps: a marker or a line per dump would be an SVG
-    element each (measured: the per-element cost dominated the report of 1,000 dumps).
+    element each, and the per-element cost would grow with the run
+    (``benchmarks/bench_report.py``).
     """
     xs = np.repeat(np.asarray(indices, dtype=float), 3)
     xs[2::3] = np.nan

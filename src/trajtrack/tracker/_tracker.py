@@ -81,7 +81,8 @@ class Tracker(Intake):
         inline_snapshot_bytes: Plain data up to this size is snapshotted on the caller's
             thread: for a local disk serialized into shared memory that the writer process
             writes it from (``await dump`` waits up to 20 ms for room there under the
-            ``block`` policy), else copied (a 4 MB copy takes well under a millisecond);
+            ``block`` policy), else copied (a copy runs at memory bandwidth, far cheaper
+            than serializing; ``benchmarks/bench_core.py``);
             larger data is serialized in a worker thread into a spool file while ``dump()``
             awaits, so the loop never copies it.
         record: Write the record of what was written (``.trajtrack/records``).
