@@ -4,6 +4,20 @@ Exit codes (all commands): 0 success; 1 the answer is "no" (``diff``: the runs d
 ``verify``: problems found); 2 usage error, unreadable storage or undeserializable dump;
 130 interrupted. Results go to stdout (``--json`` for scripts), messages and progress bars to
 stderr.
+
+Read the modules in this order::
+
+    __init__.py    main(): the top-level parser, dispatch to a command, exit codes
+    _common.py     helpers the commands share: streams, tables, sizes, times, JSON, progress
+    _parsers.py    the parsers of the commands whose modules import torch (show, diff, demo)
+    _collector.py  garbage collection while a command runs: a full collection every few seconds
+    ls.py          ``trajtrack ls URL``: the dumps of a run, in dump order
+    show.py        ``trajtrack show URL NAME``: one dump's structure, with tensor statistics
+    _text.py       ``--tokenizer`` for show and diff: token ids printed as the text they spell
+    diff.py        ``trajtrack diff URL_A URL_B``: two runs compared dump by dump
+    verify.py      ``trajtrack verify URL``: every recorded dump present, size and checksum
+    export.py      ``trajtrack export URL DEST``: any run written out in the files layout
+    demo.py        ``trajtrack demo [DIR]``: two simulated rollouter runs, then ls and diff
 """
 
 from __future__ import annotations

@@ -4,25 +4,36 @@ Read the modules in this order::
 
     _run.py        Run / open_run: a run's dumps, their bytes (file or shard range), objects
     _listing.py    the list of dumps: record segments + storage listing (+ shard headers)
+    _record_set.py  RecordSet: what a run's record says, and the recorded dumps it gives
     _dumps.py      DumpInfo, RunListing: what the reader knows about each dump
     _syncrun.py    SyncRun: the blocking facade (notebooks, scripts)
     _replay.py     Run.replay: a recorded run step by step, whole steps loaded ahead
-    _text.py       token ids as text (a tokenizer.json, verl's masks); _text_report.py: its HTML
+    _text.py       token ids as text (a tokenizer.json, verl's masks)
+    _text_report.py  ... the diff report's token-text section (``diff --tokenizer --html``)
     _safe_load.py  loading a dump safely: one route, torch's decision, public API only
     _fast_load.py  ... its fast path: the C unpickler, accepted only where it provably agrees
     _torch_archive.py  ... torch's zip container and the pickle's opcodes, checked first
-    _archive_diff.py  two dumps of the same pickle compared without building tensors
+    _standins.py   ... verl's objects read as data: allow-listed stand-ins
+    _numpy_standins.py  ... numpy's pickle reconstructors, re-done from data only
+    _tensordict_standins.py  ... tensordict's pickle reductions, re-done from data only
     _load_worker.py  ... in trajtrack's own process, for a dump that needs trajtrack's list
     _portable.py   ... and how that process hands the object back (torch's defaults load it)
     _main_module.py  ... started only if spawning it would not re-run the caller's script
+    _archive_diff.py  two dumps of the same pickle compared without building tensors
     _compare.py    compare(): the structural walk over two objects, with a Tolerance
     _kinds.py      what kind of container a loaded object is; bounded repr and element budget
     _rows.py       the differing rows of two batch tensors and their ids (uid)
     _ignore.py     --ignore glob patterns over key paths, and the volatile-keys preset
     _same_archive.py  two torch archives equal apart from their per-save serialization id
+    _remembered.py  Remembered: verdicts remembered by the bytes they depended on
     _numeric.py    element-wise comparison of two tensors (the hot loop of compare)
     _files.py      two local files compared in place, byte for byte
     _readahead.py  a bounded read-ahead of the files diff is about to compare
+    _gather.py     bounded concurrency for the read path: many reads in flight, not all
+    _batch_reads.py  a batch of dumps read from a remote store (read_remote), grouped
+    _local_reads.py  ... and off a local disk, in one worker thread (read_local)
+    _pair_checks.py  comparing a pair of dumps once their bytes are read (diff's per-pair work)
+    _diff_result.py  DumpComparison, RunDiff: what diff_runs returns
     _diff.py       diff_runs(): two runs paired by name, compared dump by dump
     _export.py     export_run(): any run written out in the files layout
     _report.py     write_diff_report(): the diff as one self-contained HTML page

@@ -10,6 +10,22 @@ parameter version (:class:`MetricsAggregator`). :class:`RolloutBatch` is a small
 
 Records dumped with trajtrack load with ``torch.load(path, weights_only=True)`` inside
 ``torch.serialization.safe_globals(list(SAFE_GLOBALS))``. See ``docs/rollout.md``.
+
+Read the modules in this order::
+
+    _samples.py    the records a fully-async rollouter hands to the trainer (RolloutSample)
+    _prepare.py    one dataloader item turned into the batch a rollouter generates from
+    _batch.py      RolloutBatch: a small container compatible with verl's ``DataProto``
+    _batch_ops.py  ... what its operations compute, on its parts
+    _equality.py   ... deep, tensor- and array-aware equality it uses
+    _assemble.py   many RolloutSample objects assembled into one training batch
+    _config.py     nested settings read from whatever config object the caller has
+    _metrics.py    MetricsAggregator: per-step metrics over one parameter-sync window
+    _rules.py      which aggregation applies to which metric name, as extendable data
+    _manifest.py   which samples made up a trainer step: a per-step manifest, via the tracker
+    _pickling.py   how the records pickle: one rebuild call over plain data
+    _safe.py       SAFE_GLOBALS: the allow-list for ``torch.load(..., weights_only=True)``
+    _errors.py     the errors this layer raises
 """
 
 from __future__ import annotations
