@@ -224,9 +224,10 @@ def decode_segment_parts(data: bytes) -> tuple[list[SegmentPart], int]:
 
 
 def _parse_whole(lines: list[str]) -> list[Any] | None:
-    """The JSON object on each line, parsed as one array (one call into the C parser is
-    about three times faster than one per line), or ``None`` if that does not give exactly
-    one object per line (a line that is not one object: each line is then parsed alone)."""
+    """The JSON object on each line, parsed as one array (one call into the C parser instead of a
+    Python-level call per line; ``benchmarks/bench_small_reads.py``), or ``None`` if that does not
+    give exactly one object per line (a line that is not one object: each line is then parsed
+    alone)."""
     if not all(line.lstrip().startswith("{") and line.rstrip().endswith("}") for line in lines):
         return None
     try:

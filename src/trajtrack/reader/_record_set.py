@@ -191,7 +191,7 @@ def _from_records(
     dumps: list[DumpInfo] = []
     append = dumps.append
     get_file, get_shard = listed.get, shards.get
-    new = tuple.__new__  # DumpInfo(...) from a tuple of its fields: half the cost
+    new = tuple.__new__  # DumpInfo(...) from a tuple of its fields, no keyword binding
     for record in records:
         name, path, size, checksum, host, pid, rank, writer, time, shard_path, offset = record
         problem = None if plainly_valid(path) else path_problem(path)
