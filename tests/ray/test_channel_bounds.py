@@ -10,6 +10,7 @@ removed by the next actor.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -30,7 +31,7 @@ require_module("ray", required_by="TRAJTRACK_REQUIRE_RAY", hint="pip install 'tr
 
 from _channel_support import WAIT, Served, reply_of  # noqa: E402  (after the Ray check)
 
-from trajtrack.ray import _protocol  # noqa: E402  (after the Ray check)
+from trajtrack.ray import _connection, _protocol  # noqa: E402  (after the Ray check)
 from trajtrack.ray._bounds import ChannelLimits  # noqa: E402  (after the Ray check)
 from trajtrack.ray._protocol import REQUEST, ChannelBrokenError  # noqa: E402
 from trajtrack.ray._server import ChannelServer  # noqa: E402  (after the Ray check)
@@ -78,6 +79,35 @@ def test_unfinished_hellos_over_the_cap_are_answered_busy_at_once(serve: Any) ->
     served.client().dump(b"y", "after")
     assert [d[1] for d in served.admitted.dumps] == ["after"]
     assert served.server.counters.busy == 2
+
+
+class _SocketsThatHelloLate:
+    """``_connection``'s view of the socket module, whose sockets send the hello only once the
+    server has closed them: the order that made the client report a broken pipe, not ``BUSY``."""
+
+    class socket(socket.socket):  # the name the module looks up
+        def connect(self, address: Any) -> None:
+            super().connect(address)
+            poller = select.poll()
+            poller.register(self, select.POLLIN)
+            deadline = time.monotonic() + WAIT
+            while not any(event & select.POLLHUP for _, event in poller.poll(10)):
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the server did not close within {WAIT} s")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(socket, name)
+
+
+def test_busy_is_reported_when_the_server_closes_before_the_hello_is_sent(
+    serve: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = serve(ChannelLimits(max_connections=1))
+    served.client().dump(b"1", "one")  # holds the one connection in its pool
+    monkeypatch.setattr(_connection, "socket", _SocketsThatHelloLate())
+    with pytest.raises(ChannelBrokenError, match="full"):
+        served.client().dump(b"2", "two")
+    assert served.server.counters.busy == 1
 
 
 BAD_IDENTITIES = {

@@ -256,8 +256,14 @@ class ChannelClient:
             sock.settimeout(self.connect_timeout)
             sock.connect(self.endpoints.unix_path)
             who = encode_who(self.who)
-            sock.sendall(HELLO.pack(MAGIC, VERSION, self.endpoints.secret, len(who)) + who)
             connection = _Connection(sock)
+            try:
+                sock.sendall(HELLO.pack(MAGIC, VERSION, self.endpoints.secret, len(who)) + who)
+            except (BrokenPipeError, ConnectionResetError):
+                # A full server answers BUSY and closes without reading the hello, so the send
+                # can fail before the answer is read: the answer, still queued, says why.
+                connection.reply()
+                raise
             if connection.reply() is not None:  # the hello has no error replies
                 raise ChannelBrokenError("the tracker actor answered the hello with an error")
             sock.settimeout(self.reply_timeout)
