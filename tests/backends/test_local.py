@@ -374,3 +374,10 @@ async def test_the_local_storage_hands_payloads_an_unbuffered_file(
     assert torch.equal(
         torch.load(tmp_path / "dest" / "a.pth", weights_only=True)["x"], torch.ones(4)
     )
+
+
+def test_the_writer_process_option_is_deprecated_and_ignored(tmp_path: Path) -> None:
+    # #34: the helper process it switched is gone; old callers keep working, warned.
+    with pytest.warns(DeprecationWarning, match="writer_process"):
+        storage = LocalStorage(str(tmp_path), writer_process=True)
+    assert storage.root == tmp_path

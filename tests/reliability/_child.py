@@ -33,13 +33,9 @@ def say(line: str) -> None:
 
 
 class SlowLocalStorage(LocalStorage):
-    """The local backend with a fixed delay per write, so that dumps stay pending for a while
-    (on threads: the writer process would write small files without the delay)."""
+    """The local backend with a fixed delay per write, so that dumps stay pending for a while."""
 
     delay = 0.01
-
-    def __init__(self, url: str, **options: Any) -> None:
-        super().__init__(url, **{**options, "writer_process": False})
 
     def _write_sync(self, path: str, payload: Any, overwrite: bool, *rest: Any) -> Any:
         time.sleep(self.delay)

@@ -422,9 +422,6 @@ class _FaultyLocal(LocalStorage):
 
     fault: int | None = None
 
-    def __init__(self, url: str, **options: Any) -> None:  # faults injected on threads
-        super().__init__(url, **{**options, "writer_process": False})
-
     def _write_temp(self, directory: int, temp: str, payload: Any) -> Any:
         if self.fault is not None:
             raise OSError(self.fault, __import__("os").strerror(self.fault), temp)

@@ -50,25 +50,18 @@ def _dotted(node: ast.AST) -> str:
     return "?"
 
 
-#: The one module allowed to start a program: the writer helper (small local files, shard
-#: spools), with a fixed command line (SECURITY.md section 1).
-WRITER_PROCESS = SRC / "backends" / "_writer_spawn.py"
-
-
 def test_no_shell_and_no_subprocess_anywhere_in_the_package() -> None:
     sources = sorted(SRC.rglob("*.py"))
     assert len(sources) > 10
     found = []
     for source in sources:
         tree = ast.parse(source.read_text(), str(source))
-        allowed = source == WRITER_PROCESS
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 found += [
                     f"{source}: import {a.name}"
                     for a in node.names
                     if a.name.split(".")[0] in FORBIDDEN_MODULES
-                    and not (allowed and a.name == "subprocess")
                 ]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 if node.module.split(".")[0] in FORBIDDEN_MODULES or any(
@@ -81,35 +74,9 @@ def test_no_shell_and_no_subprocess_anywhere_in_the_package() -> None:
                     found.append(f"{source}:{node.lineno}: {name}()")
                 if any(k.arg == "shell" for k in node.keywords):
                     found.append(f"{source}:{node.lineno}: shell= argument")
-                if name.startswith("subprocess.") and not (allowed and _fixed_helper(node)):
+                if name.startswith("subprocess."):
                     found.append(f"{source}:{node.lineno}: {name}()")
     assert found == []
-
-
-def _fixed_helper(call: ast.Call) -> bool:
-    """``subprocess.Popen([sys.executable, "-I", "-S", _CHILD, str(<fd>), str(<arena fd>),
-    str(<arena size>)], ...)``: the interpreter running, isolated, on the helper's own file,
-    with three numbers: nothing from a dump's name or data."""
-    if _dotted(call.func) != "subprocess.Popen" or not call.args:
-        return False
-    argv = call.args[0]
-    if not isinstance(argv, ast.List) or len(argv.elts) != 7:
-        return False
-    head = [_dotted(e) if not isinstance(e, ast.Constant) else e.value for e in argv.elts[:4]]
-    numbers = all(
-        isinstance(e, ast.Call) and _dotted(e.func) == "str" and len(e.args) == 1
-        for e in argv.elts[4:]
-    )
-    return head == ["sys.executable", "-I", "-S", "_CHILD"] and numbers
-
-
-def test_the_writer_helper_runs_its_own_file() -> None:
-    from trajtrack.backends import _writer_child, _writer_spawn
-
-    assert _writer_child.__file__ == _writer_spawn._CHILD
-    tree = ast.parse(WRITER_PROCESS.read_text())
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _fixed_helper(n)]
-    assert len(calls) == 1
 
 
 async def test_symlinked_directory_cannot_lead_outside(tmp_path: Path) -> None:
@@ -181,9 +148,6 @@ class _Unpicklable:
 
 
 class _Failing(LocalStorage):
-    def __init__(self, url: str, **options: Any) -> None:  # the fault is on the thread path
-        super().__init__(url, **{**options, "writer_process": False})
-
     def _write_temp(self, directory: int, temp: str, payload: Any) -> Any:
         raise OSError(28, "No space left on device", temp)
 

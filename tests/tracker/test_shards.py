@@ -24,7 +24,6 @@ from trajtrack import (
     StorageUnavailableError,
     Tracker,
 )
-from trajtrack.backends import _writer_child as writer_child, _writer_process as writer_process
 from trajtrack.backends.memory import MemoryStorage
 from trajtrack.layouts.shards import SHARDS_DIR, is_shard_path
 from trajtrack.tracker import _shard_spool as shard_spool, _shards as shards_module
@@ -276,41 +275,14 @@ class _FullDisk:
         self._real(fd, pieces)
 
 
-def _full_disk_in_helper(real: Any) -> Any:
-    """The writer process's spool write: once ``_FullDisk.fail`` is set, the next one writes
-    half of its bytes, then reports ENOSPC (as the helper reports a failed ``pwrite``)."""
-
-    async def append(self: Any, fd: int, position: int, pieces: list[Any]) -> Any:
-        if not _FullDisk.fail.is_set():
-            return await real(self, fd, position, pieces)
-        _FullDisk.fail.clear()
-        assert await real(self, fd, position, pieces[: max(1, len(pieces) // 2)]) is None
-        return writer_process.Failure(writer_child.OP_WRITE, errno.ENOSPC)
-
-    return append
-
-
-@pytest.fixture(params=["helper", "thread"])
-def full_disk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A spool write that fails half-way, in the writer process or in a worker thread."""
-    if request.param == "thread":
-        monkeypatch.setenv("TRAJTRACK_WRITER_PROCESS", "0")
-        monkeypatch.setattr(shard_spool, "_write_all", _FullDisk(shard_spool._write_all))
-    else:
-        real = writer_process.WriterProcess.append_async
-        monkeypatch.setattr(
-            writer_process.WriterProcess, "append_async", _full_disk_in_helper(real)
-        )
-        monkeypatch.setattr(shard_spool, "_write_all", _never)
-    return str(request.param)
-
-
-def _never(fd: int, pieces: list[Any]) -> None:
-    raise AssertionError("the writer process writes the spool: no thread does")
+@pytest.fixture
+def full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spool write that fails half-way (in the worker thread that writes it)."""
+    monkeypatch.setattr(shard_spool, "_write_all", _FullDisk(shard_spool._write_all))
 
 
 async def test_a_spool_write_that_fails_fails_its_dumps_and_leaves_no_trace(
-    monkeypatch: pytest.MonkeyPatch, full_disk: str, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, full_disk: None, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(shards_module, "WRITE_AT", 1)  # each batch written at once
     # A local destination: the spool file itself is renamed into place, whole.
@@ -347,7 +319,7 @@ def test_layout_options_are_checked() -> None:
 
 
 async def test_dumps_laid_out_but_not_written_fail_when_their_seal_cannot_write_them(
-    full_disk: str,
+    full_disk: None,
 ) -> None:
     async with _memory(None, shard_max_age=600) as tracker:
         waiting = [await tracker.dump(tiny(i), f"w{i}") for i in range(5)]  # under WRITE_AT

@@ -257,14 +257,12 @@ def test_a_script_whose_syncrun_call_raises_exits(tmp_path: Path, closed: bool) 
     assert "StorageNotFoundError" in result.stderr
 
 
-@pytest.mark.parametrize("writer_process", [True, False], ids=["helper-process", "threads"])
 def test_a_refused_name_logs_one_line_naming_the_whole_dump(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, writer_process: bool
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="trajtrack")
-    options = {"writer_process": writer_process}
     for attempt in range(2):
-        tracker = SyncTracker(tmp_path / "run", on_exists="error", storage_options=options)
+        tracker = SyncTracker(tmp_path / "run", on_exists="error")
         try:
             handle = tracker.dump({"x": torch.ones(2)}, "step0/obs.rank0")
             if attempt == 0:

@@ -13,13 +13,6 @@ Read the modules in this order::
     local.py            the local filesystem backend: a path or file:// URL
     _local_paths.py     ... containment under its root: never through a link leading out
     _local_errors.py    ... an OSError as a typed StorageError
-    _local_batches.py   ... runs of small files for its writer process, from a thread or the loop
-    _writer_process.py  WriterProcess: a helper writes small files without the caller's GIL
-    _writer_channel.py  ... its socket, driven from the event loop
-    _writer_frames.py   ... its protocol, the parent's side
-    _writer_child.py    ... the helper itself (standard library only)
-    _writer_spawn.py    ... starting, stopping and reaping helpers
-    _staging.py         the memory shared with the helper: mid-size dumps serialized once
     memory.py           the in-memory backend (tests, examples, benchmarks)
     webhdfs.py          the WebHDFS backend: webhdfs://, swebhdfs://, hdfs://
     _hadoop_conf.py     ... a destination URL to endpoints, from the Hadoop configuration

@@ -40,5 +40,5 @@ def translated(where: str) -> Iterator[None]:
 
 
 def exists_error(name: str) -> DumpExistsError:
-    """A file published without overwriting found *name* taken (thread or writer process)."""
+    """A file published without overwriting found *name* taken."""
     return DumpExistsError(f"{name} exists (existing-name policy 'error'); nothing was overwritten")

@@ -7,9 +7,8 @@ never sees a partial file under a final name, even after ``kill -9``.
 
 Each write is one worker-thread hop that serializes straight into the temporary file: no
 intermediate copy of the bytes, and the GIL is released during every ``write`` syscall. A batch
-of small bytes payloads is written instead by the writer process
-(:mod:`~trajtrack.backends._writer_process`): a thread's four system calls per small file each
-had to take the GIL back from the caller's Python.
+(:meth:`LocalStorage.write_atomic_many`) is one hop for all its files, keeping the directory of
+the last file open for the next (the dumps of one step share it).
 A read is one worker-thread hop too: open, read the whole file (sized by ``fstat``, one
 allocation), close.
 """
@@ -19,10 +18,10 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
-import functools
 import operator
 import os
 import stat
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
@@ -34,7 +33,6 @@ from trajtrack._exceptions import (
     ConfigurationError,
     StoragePermissionError,
 )
-from trajtrack.backends._local_batches import HelperRuns
 from trajtrack.backends._local_errors import exists_error, translate, translated
 from trajtrack.backends._local_paths import is_inside, open_directory, resolve_inside
 from trajtrack.backends._protocol import (
@@ -47,8 +45,6 @@ from trajtrack.backends._protocol import (
     check_relative,
     write_payload_unbuffered,
 )
-from trajtrack.backends._staging import Staging
-from trajtrack.backends._writer_process import WriterProcess, enabled_by_default
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
 __all__ = ["LocalStorage", "resolve_inside", "translate", "translated"]
@@ -81,9 +77,9 @@ class LocalStorage:
             slower).
         file_mode: Permission bits of created files (before the umask).
         dir_mode: Permission bits of created directories (before the umask).
-        writer_process: Write batches of small files in a helper process
-            (:mod:`~trajtrack.backends._writer_process`), so that their system calls take no
-            GIL from the caller's thread. Default: on, unless ``TRAJTRACK_WRITER_PROCESS=0``.
+        writer_process: Deprecated and ignored: every file is written by a worker thread
+            (the helper process it switched is gone: ``benchmarks/bench_core.py`` measures the
+            thread against inline and thread-pool writers side by side).
     """
 
     def __init__(
@@ -109,20 +105,12 @@ class LocalStorage:
         self._dir_mode = dir_mode
         self._who = WriterIdentity.current()
         self._real_root: str | None = None
-        if writer_process is None:
-            writer_process = enabled_by_default()
-        self._writer = WriterProcess() if writer_process else None
-        self._runs = (
-            None
-            if self._writer is None
-            else HelperRuns(
-                self._writer,
-                self._root,
-                self._who,
-                fsync=fsync,
-                mode=file_mode,
+        if writer_process is not None:
+            warnings.warn(
+                "LocalStorage(writer_process=...) is ignored: files are written by a thread",
+                DeprecationWarning,
+                stacklevel=2,
             )
-        )
 
     @property
     def url(self) -> str:
@@ -167,17 +155,7 @@ class LocalStorage:
             create=self._dir_mode if mode is None else mode,
         )
 
-    def staging(self) -> Staging | None:
-        """Shared memory for dumps that the writer process will write
-        (:mod:`~trajtrack.backends._staging`); None without a writer process."""
-        return None if self._writer is None else self._writer.staging()
-
     async def write_atomic(self, path: str, payload: Payload, *, overwrite: bool) -> WriteResult:
-        if self._writer is not None and self._writer.holds(payload):  # the writer has its bytes
-            (outcome,) = await self.write_atomic_many([(path, payload)], overwrite=overwrite)
-            if isinstance(outcome, Exception):
-                raise outcome
-            return outcome
         return await anyio.to_thread.run_sync(self._write_sync, path, payload, overwrite)
 
     async def write_atomic_many(
@@ -187,20 +165,7 @@ class LocalStorage:
         overwrite: bool,
         done: ItemDone | None = None,
     ) -> builtins.list[WriteResult | Exception]:
-        if self._runs is None or not self._runs.on_loop():
-            return await anyio.to_thread.run_sync(self._write_many_sync, items, overwrite, done)
-        outcomes: builtins.list[WriteResult | Exception | None] = [None] * len(items)
-
-        def report(index: int, outcome: WriteResult | Exception) -> None:
-            outcomes[index] = outcome
-            if done is not None:
-                done(index, outcome)
-
-        async def in_thread(part: Sequence[tuple[str, Payload]], report_part: ItemDone) -> None:
-            await anyio.to_thread.run_sync(self._write_many_sync, part, overwrite, report_part)
-
-        await self._runs.write_many(items, overwrite, report, in_thread, self._open_dir)
-        return [outcome for outcome in outcomes if outcome is not None]
+        return await anyio.to_thread.run_sync(self._write_many_sync, items, overwrite, done)
 
     def _write_many_sync(
         self, items: Sequence[tuple[str, Payload]], overwrite: bool, done: ItemDone | None
@@ -209,30 +174,16 @@ class LocalStorage:
         # The directory of the last file, kept open for the next (dumps of one step share it);
         # one at a time, so that a batch over many directories holds one descriptor, not many.
         directories: dict[tuple[str, ...], int] = {}
-
-        def report(index: int, outcome: WriteResult | Exception) -> None:
-            outcomes.append(outcome)
-            if done is not None:
-                done(index, outcome)
-
         try:
-            index = 0
-            while index < len(items):
-                end = index if self._runs is None else self._runs.small_run(items, index)
-                if end > index:
-                    assert self._runs is not None
-                    directory_of = functools.partial(self._directory, directories=directories)
-                    self._runs.write_run(items, index, end, overwrite, directory_of, report)
-                    index = end
-                    continue
-                path, payload = items[index]
+            for index, (path, payload) in enumerate(items):
                 outcome: WriteResult | Exception
                 try:
                     outcome = self._write_sync(path, payload, overwrite, directories)
                 except Exception as exc:  # this item's outcome; the others go on
                     outcome = exc
-                report(index, outcome)
-                index += 1
+                outcomes.append(outcome)
+                if done is not None:
+                    done(index, outcome)
         finally:
             for fd in directories.values():
                 os.close(fd)
@@ -411,11 +362,7 @@ class LocalStorage:
             os.unlink(self._resolve(path))
 
     async def aclose(self) -> None:
-        if self._writer is not None and self._runs is not None:
-            if self._runs.on_loop():
-                await self._writer.settle_channel()  # batches the loop has in flight
-            self._runs.close()
-            await anyio.to_thread.run_sync(self._writer.close)
+        pass  # nothing held between calls
 
     def __repr__(self) -> str:
         return f"LocalStorage({str(self._root)!r})"

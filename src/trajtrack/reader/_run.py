@@ -27,7 +27,7 @@ from trajtrack._exceptions import (
     StorageNotFoundError,
     StoragePermissionError,
 )
-from trajtrack.backends import Storage, open_storage, scheme_of
+from trajtrack.backends import Storage, open_storage
 from trajtrack.backends.local import translated
 from trajtrack.reader._batch_reads import check_held, check_readable, read_remote, whole_member
 from trajtrack.reader._dumps import DumpInfo, RunListing, matches
@@ -97,11 +97,8 @@ class Run:
     async def open(self) -> Run:
         """Open the storage (in a worker thread); done by ``async with`` and on first use."""
         if self._storage is None:
-            options = dict(self._storage_options)
-            if scheme_of(self._url) == "file":  # a reader starts no writer machinery
-                options.setdefault("writer_process", False)
             self._storage = await anyio.to_thread.run_sync(
-                functools.partial(open_storage, self._url, **options)
+                functools.partial(open_storage, self._url, **self._storage_options)
             )
         return self
 

@@ -23,7 +23,6 @@ Read the modules in this order::
     _sweep.py        the temporary files dead writers left behind
     _shards.py       the shards layout: dumps packed into tar shards (layouts/shards.py)
     _shard_spool.py  ... a shard in the making: its local spool file and members
-    _spool_writer.py ... spools written by a helper process (backends/_writer_process.py)
     _layouts.py      the layout options
     _forkgate.py     no fork() while a trajtrack thread is inside torch
     _waits.py        bounded waits: none of the tracker's waits may hang forever

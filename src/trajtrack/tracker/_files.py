@@ -5,10 +5,9 @@ backends), retried under the tracker's retry policy when the failure is transien
 existing ``torch.load(path)`` scripts expect; right for large dumps.
 
 Small dumps are written in batches: an upload worker takes what is queued (up to
-:data:`BATCH_ITEMS` dumps, :data:`BATCH_BYTES` bytes; a dump staged in the writer process's
-shared memory counts a few hundred bytes) and writes it with one ``write_atomic_many`` -- one
-worker-thread hop for a local disk instead of one per dump, which for 4 KB dumps costs more
-than the write itself. Dumps of a batch whose write failed
+:data:`BATCH_ITEMS` dumps, :data:`BATCH_BYTES` bytes) and writes it with one
+``write_atomic_many`` -- one worker-thread hop for a local disk instead of one per dump, which
+for 4 KB dumps costs more than the write itself. Dumps of a batch whose write failed
 transiently are retried one by one.
 """
 
@@ -21,7 +20,6 @@ import anyio
 from trajtrack._exceptions import StorageError
 from trajtrack._retry import RetryPolicy, retry_async
 from trajtrack.backends import Storage, WriteResult
-from trajtrack.backends._staging import StagedPayload
 from trajtrack.tracker._payloads import FilePayload, release_spool
 from trajtrack.tracker._queue import Job, PendingQueue
 from trajtrack.tracker._worker import Outcomes, Spawn
@@ -55,7 +53,7 @@ class FilesLayout:
             spawn(self._worker, queue)
 
     async def _worker(self, queue: PendingQueue) -> None:
-        while jobs := await queue.get_batch(BATCH_ITEMS, BATCH_BYTES, _batch_cost):
+        while jobs := await queue.get_batch(BATCH_ITEMS, BATCH_BYTES):
             if len(jobs) == 1:
                 await self.write(jobs[0])
             else:
@@ -119,19 +117,7 @@ class FilesLayout:
         return None
 
 
-def _batch_cost(job: Job) -> int:
-    """What a job counts against :data:`BATCH_BYTES`: its size, but little for a staged dump
-    (its bytes are already where the writer process reads them; the batch carries its name)."""
-    return _STAGED_COST if isinstance(job.payload, StagedPayload) else job.nbytes
-
-
-_STAGED_COST = 256
-
-
 async def _release_spool(job: Job) -> None:
-    """Delete the job's spool file, if any, in a thread (before its outcome is reported); give
-    back its staging block, if any."""
+    """Delete the job's spool file, if any, in a thread (before its outcome is reported)."""
     if isinstance(job.payload, FilePayload):  # an unlink: not on the event loop
         await anyio.to_thread.run_sync(job.payload.release)
-    else:
-        release_spool(job.payload)

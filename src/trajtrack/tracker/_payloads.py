@@ -21,13 +21,10 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable
-from typing import Any, BinaryIO, Final, NamedTuple
-
-import numpy as np
+from typing import Any, BinaryIO, Final
 
 from trajtrack._exceptions import SerializationError
 from trajtrack.backends import BytesPayload, ChecksumWriter, WriteResult
-from trajtrack.backends._staging import Block, StagedPayload
 from trajtrack.tracker._archive import NotArchivable, archive_plan
 from trajtrack.tracker._forkgate import FORK_GATE
 from trajtrack.tracker._serialize import Serializer, serialize_plain, torch_save
@@ -38,22 +35,18 @@ __all__ = [
     "DeferredPayload",
     "FilePayload",
     "RELEASING_COPY_MIN_BYTES",
-    "NoRoom",
     "ObjectPayload",
     "SerializedPayload",
     "SpoolPayload",
-    "Stage",
     "release_spool",
     "serialize_small",
-    "serialize_staged",
     "serialize_to_file",
     "serialize_to_spool",
 ]
 
 RELEASING_COPY_MIN_BYTES: Final = 256 << 10
 """From this size on, a copy into memory releases the GIL while it runs (``numpy.copyto``):
-a snapshot's copy of a tensor (:mod:`~trajtrack.tracker._snapshot`) and a piece of an archive
-written into a staging block.
+a snapshot's copy of a tensor (:mod:`~trajtrack.tracker._snapshot`).
 
 A copy into fresh memory takes a page fault every 4 KiB, so a big copy is long; holding the
 GIL through it starves the upload workers, which then commit little while the caller dumps and
@@ -155,64 +148,6 @@ def serialize_small(obj: Any) -> SerializedPayload | None:
     except RuntimeError as exc:  # e.g. a tensor whose memory cannot be read any more
         raise SerializationError(f"could not read a tensor for the dump: {exc}") from exc
     return SerializedPayload(buffer.getbuffer(), written[1])
-
-
-Stage = Callable[[int], "Block | None"]
-"""``stage(nbytes)``: shared memory the storage's writer process writes from, or None."""
-
-
-class NoRoom(NamedTuple):
-    """:func:`serialize_staged` found no free block for an archive of *nbytes*."""
-
-    nbytes: int
-
-
-def serialize_staged(obj: Any, stage: Stage, max_bytes: int) -> StagedPayload | NoRoom | None:
-    """Plain data serialized now, by the archive writer, into a block from *stage*; ``None``
-    when it is not archivable, is a view of part of a storage or its archive is larger than
-    *max_bytes* (then copy it), :class:`NoRoom` when no block is free."""
-    try:
-        with FORK_GATE.torch_work():
-            plan = archive_plan(obj)
-            if plan.part_views or plan.nbytes > max_bytes:
-                return None
-            block = stage(plan.nbytes)
-            if block is None:
-                return NoRoom(plan.nbytes)
-            try:
-                size, checksum = plan.write_to(_BlockWriter(block.view()))
-            except BaseException:
-                block.release()
-                raise
-    except NotArchivable:
-        return None
-    except RuntimeError as exc:
-        raise SerializationError(f"could not read a tensor for the dump: {exc}") from exc
-    if size != block.nbytes:  # the plan's layout is exact: anything else is a bug
-        block.release()
-        raise SerializationError(f"the archive wrote {size} bytes, {block.nbytes} planned")
-    return StagedPayload(block, checksum)
-
-
-class _BlockWriter:
-    """Writes into a block's memory (numpy's copy releases the GIL for big pieces)."""
-
-    def __init__(self, view: memoryview) -> None:
-        self._view = view
-        self._at = 0
-
-    def write(self, data: bytes | memoryview) -> int:
-        source = memoryview(data).cast("B")
-        end = self._at + source.nbytes
-        if end > self._view.nbytes:
-            raise SerializationError("the archive is larger than planned")
-        if source.nbytes >= RELEASING_COPY_MIN_BYTES:
-            target = np.frombuffer(self._view[self._at : end], dtype=np.uint8)
-            np.copyto(target, np.frombuffer(source, dtype=np.uint8))
-        else:
-            self._view[self._at : end] = source
-        self._at = end
-        return source.nbytes
 
 
 class DeferredPayload(ObjectPayload):
@@ -329,14 +264,13 @@ class FilePayload:
 
 
 def release_spool(payload: object) -> None:
-    """Delete *payload*'s spool file now, if it has one (blocking: an unlink), or give back
-    its staging block.
+    """Delete *payload*'s spool file now, if it has one (blocking: an unlink).
 
     Called where blocking is allowed, before the dump's outcome is reported: then neither
     the caller finds the file still there, nor a garbage collection on the event loop
     deletes it.
     """
-    if isinstance(payload, FilePayload | StagedPayload):
+    if isinstance(payload, FilePayload):
         payload.release()
 
 

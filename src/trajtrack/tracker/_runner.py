@@ -27,7 +27,6 @@ import anyio
 from trajtrack._exceptions import TrackerClosedError, TrackerFailedError, TrackerStateError
 from trajtrack._retry import RetryPolicy
 from trajtrack.backends import Storage
-from trajtrack.backends._writer_process import enabled_by_default as writer_process_enabled
 from trajtrack.layouts.names import WriterIdentity
 from trajtrack.tracker._files import FilesLayout
 from trajtrack.tracker._layouts import NOT_STARTED, LayoutOptions, existing_paths
@@ -242,7 +241,6 @@ class Runner:
             max_bytes=options.shard_max_bytes,
             max_age=options.shard_max_age,
             existing=None if self._config.overwrite else await existing_paths(storage),
-            spool_process=writer_process_enabled(),
         )
 
     async def _supervise(self, started: anyio.Event) -> None:

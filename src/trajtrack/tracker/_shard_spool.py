@@ -86,11 +86,6 @@ class Shard:
         self.pending.append(member)
         return member
 
-    def pending_write(self) -> tuple[int, list[bytes | memoryview]]:
-        """Where the members laid out so far go in the spool file, and their pieces (for a
-        writer process; then :meth:`pending_written`, or :meth:`undo_pending` on failure)."""
-        return self._written, self._pieces
-
     def pending_written(self) -> None:
         """The members laid out so far are in the spool file."""
         self.members += self.pending
@@ -108,16 +103,12 @@ class Shard:
             return
         try:
             fd = self.file.fileno()
-            os.lseek(fd, self._written, os.SEEK_SET)  # a writer process does not move it
+            os.lseek(fd, self._written, os.SEEK_SET)  # after a failed write, from its start
             _write_all(fd, self._pieces)
         except BaseException:
             self._truncate()
             raise
         self.pending_written()
-
-    def undo_pending(self) -> None:
-        """Cut off what a failed write of the pending members left (blocking)."""
-        self._truncate()
 
     def drop_pending(self) -> None:
         """Forget the members laid out and not written (their write failed)."""
@@ -130,7 +121,7 @@ class Shard:
         may be pending)."""
         assert not self.pending
         try:
-            self.file.seek(self.size)  # a writer process's pwrite does not move the position
+            self.file.seek(self.size)  # after a failed write, from the last member's end
             if job.nbytes <= IN_MEMORY_MAX:
                 member = self._append_small(job)
             else:

@@ -11,12 +11,10 @@ and their records (shard, offset, length, CRC-32) are written. A dump larger tha
 against the tracker's ``max_pending_bytes``; its item slot is freed once it is in the spool.
 
 Serialized small dumps are laid out on the loop and written to the spool a megabyte at a
-time (:mod:`~trajtrack.tracker._shard_spool`), by a helper process
-(:mod:`~trajtrack.tracker._spool_writer`; a worker thread when it cannot); other payloads are
-appended by a thread, a batch per hop. Thousands of small dumps a second cost a few frames
-on a socket, not thousands of thread hand-offs. A spool write that fails fails the dumps
-it held (typed), and the shard goes on without them; a shard whose end cannot be written
-fails its dumps, not the tracker.
+time (:mod:`~trajtrack.tracker._shard_spool`) by a worker thread; other payloads are
+appended by a thread, a batch per hop. Thousands of small dumps a second cost a few thread
+hops, not thousands. A spool write that fails fails the dumps it held (typed), and the shard
+goes on without them; a shard whose end cannot be written fails its dumps, not the tracker.
 """
 
 from __future__ import annotations
@@ -41,7 +39,6 @@ from trajtrack.layouts.shards import ShardFormatError, shard_path
 from trajtrack.tracker._payloads import FilePayload
 from trajtrack.tracker._queue import Job, PendingQueue
 from trajtrack.tracker._shard_spool import WRITE_AT, Member, Shard, create_spool
-from trajtrack.tracker._spool_writer import SpoolWriter
 from trajtrack.tracker._worker import Outcomes, Spawn
 
 __all__ = ["ShardsLayout"]
@@ -69,8 +66,6 @@ class ShardsLayout:
         max_age: Seal a shard once its oldest dump is this many seconds old.
         existing: Dump paths that must not be written again (``on_exists="error"``), or
             ``None`` to let the latest commit win.
-        spool_process: Write spools from a helper process (:mod:`._spool_writer`); False:
-            from worker threads.
     """
 
     batch_items = 4096
@@ -88,7 +83,6 @@ class ShardsLayout:
         max_bytes: int,
         max_age: float,
         existing: set[str] | None,
-        spool_process: bool = True,
     ) -> None:
         self._storage = storage
         self._outcomes = outcomes
@@ -99,7 +93,6 @@ class ShardsLayout:
         self._max_bytes = max_bytes
         self._max_age = max_age
         self._existing = existing
-        self._spool_writer = SpoolWriter(enabled=spool_process)
         self._claims = threading.Lock()
         self._sequence = 0
         self._open: Shard | None = None
@@ -195,12 +188,11 @@ class ShardsLayout:
         return added, rest
 
     async def _write_pending(self, shard: Shard) -> None:
-        """Write the members laid out in *shard* (a helper process, else a thread); if that
-        fails, they fail."""
+        """Write the members laid out in *shard* (in a thread); if that fails, they fail."""
         if not shard.pending:
             return
         try:
-            await self._spool_writer.write(shard)
+            await anyio.to_thread.run_sync(shard.write_pending)
         except Exception as exc:  # their dumps failed; the shard goes on without them
             failed = shard.pending
             shard.drop_pending()
@@ -324,7 +316,7 @@ class ShardsLayout:
         await self._seal(shard)
 
     async def aclose(self) -> None:
-        await self._spool_writer.aclose()
+        return None
 
     def discard(self) -> None:
         shard, self._open = self._open, None

@@ -3,10 +3,6 @@
 * Small plain data (up to :data:`SERIALIZE_NOW_MAX_BYTES`) with the default serializer is
   serialized right away, with the archive writer: one pass that is both the snapshot and the
   serialization, and the file's checksum with it.
-* Other plain data up to ``inline_bytes``, for a storage with a writer process (a local
-  disk), is serialized right away into shared memory that process writes it from
-  (:mod:`~trajtrack.backends._staging`): again one pass, into pages already faulted in, and
-  no file system call or GIL hand-off in this process.
 * Other plain data up to ``inline_bytes`` (and CUDA tensors at any size: a device clone plus
   an asynchronous device-to-host copy) is copied right away on the caller's thread, without
   releasing the GIL for small tensors; the upload worker serializes the copy later.
@@ -22,21 +18,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Final
+from typing import Any
 
 import anyio
 import anyio.to_thread
 
 from trajtrack.backends import Payload
-from trajtrack.backends._staging import Staging
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
-from trajtrack.tracker._payloads import (
-    NoRoom,
-    serialize_small,
-    serialize_staged,
-    serialize_to_file,
-    serialize_to_spool,
-)
+from trajtrack.tracker._payloads import serialize_small, serialize_to_file, serialize_to_spool
 from trajtrack.tracker._serialize import Serializer, torch_save
 from trajtrack.tracker._snapshot import (
     NotPlainError,
@@ -45,13 +34,7 @@ from trajtrack.tracker._snapshot import (
     snapshot_plain,
 )
 
-__all__ = ["SERIALIZE_NOW_MAX_BYTES", "STAGE_WAIT", "Snapshotter"]
-
-STAGE_WAIT: Final = 0.02
-"""Seconds ``await dump`` waits for a staging block when none is free (the writer process
-frees one per file written); then it copies the dump instead. Waiting costs the event loop
-nothing, copying into fresh memory a page fault every 4 KiB; a stuck writer process makes later
-dumps copy at once (:meth:`~trajtrack.backends._staging.Staging.freed`)."""
+__all__ = ["SERIALIZE_NOW_MAX_BYTES", "Snapshotter"]
 
 SERIALIZE_NOW_MAX_BYTES = 64 << 10
 """Plain data up to this size is serialized by ``dump()`` itself (the archive writer holds
@@ -85,7 +68,6 @@ class Snapshotter:
         self._inline_bytes = inline_bytes
         self._spool_dir = spool_dir
         self._storage_spool: str | None = None
-        self._staging: Staging | None = None
         self._who = who
         self._limiter = anyio.CapacityLimiter(threads)
 
@@ -93,50 +75,31 @@ class Snapshotter:
         """Spool large snapshots where the storage can rename them from (its filesystem)."""
         self._storage_spool = storage_spool
 
-    def use_staging_of(self, staging: Staging | None) -> None:
-        """Serialize mid-size plain data into the storage's shared memory (see
-        :mod:`~trajtrack.backends._staging`); None: copy it."""
-        self._staging = staging
-
-    async def take(self, obj: Any, *, wait: bool = True) -> Payload:
-        """The snapshot, from a coroutine: heavy work goes to a worker thread.
-
-        A dump that found no staging block free waits up to :data:`STAGE_WAIT` seconds for
-        one if *wait* (the ``block`` policy: a caller of the others never waits).
-        """
+    async def take(self, obj: Any) -> Payload:
+        """The snapshot, from a coroutine: heavy work goes to a worker thread."""
         nbytes = _plain_size(obj)
         if self._copy_inline(obj, nbytes):
-            payload = self._plain(obj, nbytes)
-            if isinstance(payload, NoRoom) and wait:
-                assert self._staging is not None
-                if await self._staging.freed(STAGE_WAIT):
-                    payload = self._plain(obj, nbytes)  # planned again: the wait let others run
-            return self._copied(obj, nbytes) if isinstance(payload, NoRoom) else payload
+            return self._plain(obj, nbytes)
         return await anyio.to_thread.run_sync(self._serialize, obj, nbytes, limiter=self._limiter)
 
     def take_here(self, obj: Any) -> Payload:
         """The snapshot, all of it on the calling thread (not the event loop's)."""
         nbytes = _plain_size(obj)
         if self._copy_inline(obj, nbytes):
-            payload = self._plain(obj, nbytes)
-            return self._copied(obj, nbytes) if isinstance(payload, NoRoom) else payload
+            return self._plain(obj, nbytes)
         return self._serialize(obj, nbytes)
 
     def _copy_inline(self, obj: Any, nbytes: int | None) -> bool:
         return nbytes is not None and (nbytes <= self._inline_bytes or has_cuda_tensor(obj))
 
-    def _plain(self, obj: Any, nbytes: int | None) -> Payload | NoRoom:
+    def _plain(self, obj: Any, nbytes: int | None) -> Payload:
         if (
             nbytes is not None
+            and nbytes <= SERIALIZE_NOW_MAX_BYTES
             and self._serializer is torch_save
             and not has_cuda_tensor(obj)  # a CUDA copy must not make the caller wait
         ):
-            serialized: Payload | NoRoom | None = None
-            if nbytes <= SERIALIZE_NOW_MAX_BYTES:
-                serialized = serialize_small(obj)
-            elif self._staging is not None:
-                staging = self._staging
-                serialized = serialize_staged(obj, staging.take, staging.max_bytes)
+            serialized = serialize_small(obj)
             if serialized is not None:
                 return serialized
         return self._copied(obj, nbytes)

@@ -79,10 +79,9 @@ class Tracker(Intake):
         retry: Retries of transient storage failures.
         exit_timeout: Budget in seconds for draining when the ``async with`` block exits.
         inline_snapshot_bytes: Plain data up to this size is snapshotted on the caller's
-            thread: for a local disk serialized into shared memory that the writer process
-            writes it from (``await dump`` waits up to 20 ms for room there under the
-            ``block`` policy), else copied (a copy runs at memory bandwidth, far cheaper
-            than serializing; ``benchmarks/bench_core.py``);
+            thread: up to 64 KiB serialized at once (one pass is both the snapshot and the
+            serialization), larger data copied (a copy runs at memory bandwidth, far cheaper
+            than serializing; ``benchmarks/bench_core.py``) and serialized by a worker;
             larger data is serialized in a worker thread into a spool file while ``dump()``
             awaits, so the loop never copies it.
         record: Write the record of what was written (``.trajtrack/records``).
@@ -222,9 +221,6 @@ class Tracker(Intake):
                 await self._runner.release(storage)
             raise
         self._snapshots.use_spool_of(self._storage.spool_dir)
-        if self._runner.layout == "files":  # shards copy each dump into the shard anyway
-            staging = getattr(self._storage, "staging", None)
-            self._snapshots.use_staging_of(None if staging is None else staging())
         return self
 
     async def _admit_early(self) -> None:
@@ -315,7 +311,7 @@ class Tracker(Intake):
         self._runner.check_running()
         path = self._path_for(name, self._who)
         chosen = _policy(policy) if policy else None
-        payload = await self._snapshots.take(obj, wait=(chosen or self._policy) is FullPolicy.BLOCK)
+        payload = await self._snapshots.take(obj)
         handle = await self._admit(name, path, payload, chosen, timeout)
         # A producer that awaits nothing but dump() would starve the upload workers (their
         # thread results come back through this loop), so yield now and then: at most every

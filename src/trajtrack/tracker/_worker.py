@@ -53,7 +53,7 @@ class Layout(Protocol):
         ...
 
     async def aclose(self) -> None:
-        """Release what the layout holds (a helper process), after :meth:`seal` or
+        """Release what the layout holds, after :meth:`seal` or
         :meth:`discard`."""
         ...
 
