@@ -186,25 +186,23 @@ def temp_path_for(path: str, who: WriterIdentity) -> str:
 class _Unique:
     """Tokens unique within a process (a counter) and across its lifetimes (a random salt).
 
-    Cheaper than ``secrets.token_hex`` per temporary file (no system call), and as unique:
+    Cheaper than ``secrets.token_hex`` per temporary file (no random bytes), and as unique:
     the host and pid name the process, the salt tells a reused pid apart, the counter the
-    files of one process. A forked child salts anew.
+    files of one process. A forked child (another pid) salts anew.
     """
 
     def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self._salt = secrets.token_hex(3)
-        self._counter = itertools.count()
+        self._pid = -1
 
     def __call__(self) -> str:
+        if self._pid != os.getpid():
+            self._salt = secrets.token_hex(3)
+            self._counter = itertools.count()
+            self._pid = os.getpid()
         return f"{self._salt}{next(self._counter):x}"
 
 
 _unique = _Unique()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_unique.reset)
 
 
 def parse_temp_path(path: str) -> tuple[str, int] | None:

@@ -49,26 +49,13 @@ INLINE_MAX_BYTES = 256 << 10
 MAX_IDLE_CONNECTIONS = 8
 """Idle connections a client keeps per actor (one per thread dumping at the same time)."""
 
-_forks = 0
-"""Forks this process descends from (counted in the child): a connection opened before a fork
-belongs to the parent. A counter, not ``os.getpid()``, which is a system call on every dump."""
-
-
-def _count_fork() -> None:
-    global _forks
-    _forks += 1
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_count_fork)
-
 
 class _Connection:
     """One blocking socket to the actor, past the hello."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.forks = _forks  # the process it belongs to
+        self.pid = os.getpid()  # a connection opened before a fork belongs to the parent
         self.usable = True  # false after a FATAL reply: the server closes it
         self.idle_since = 0.0  # time.monotonic() when it went back to the pool
 
@@ -227,7 +214,7 @@ class ChannelClient:
         with self._lock:
             while self._idle:
                 connection = self._idle.pop()
-                if connection.forks != _forks:
+                if connection.pid != os.getpid():
                     continue  # the parent's: never closed here
                 if connection.idle_since >= fresh_since:
                     found = connection
@@ -243,7 +230,7 @@ class ChannelClient:
                 connection.usable
                 and not self._closed
                 and len(self._idle) < MAX_IDLE_CONNECTIONS
-                and connection.forks == _forks
+                and connection.pid == os.getpid()
             ):
                 connection.idle_since = time.monotonic()
                 self._idle.append(connection)

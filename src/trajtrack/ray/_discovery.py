@@ -101,10 +101,27 @@ class Cached:
 _cache: dict[tuple[str, str], Cached] = {}
 _cache_lock = threading.Lock()
 _identity: Who | None = None
+_owner = os.getpid()
+
+
+def _this_process() -> None:
+    """In a forked child, forget the parent's entries, lock (perhaps held by a thread the
+    child does not have) and identity; the parent's sockets stay open for the parent."""
+    global _cache_lock, _identity, _owner
+    if _owner == os.getpid():
+        return
+    for entry in _cache.values():
+        if entry.channel is not None:
+            entry.channel.abandon_after_fork()
+    _cache.clear()
+    _cache_lock = threading.Lock()
+    _identity = None
+    _owner = os.getpid()
 
 
 def cached(key: tuple[str, str]) -> Cached | None:
     """The cached entry for *key* as it is, unchecked: no Ray call (the dump's fast path)."""
+    _this_process()
     return _cache.get(key)
 
 
@@ -121,6 +138,7 @@ def current(name: str | None = None, namespace: str | None = None) -> Cached:
         Exception: The actor's tracker could not start (e.g. an unusable destination).
     """
     key = actor_key(name, namespace)
+    _this_process()
     entry = _cache.get(key)
     if (
         entry is not None
@@ -186,6 +204,7 @@ def _warn_if_other_destination(info: dict[str, Any], key: tuple[str, str]) -> No
 
 def forget(name: str | None = None, namespace: str | None = None) -> None:
     """Drop the cached entry (the actor is gone or replaced); close its channel client."""
+    _this_process()
     with _cache_lock:
         entry = _cache.pop(actor_key(name, namespace), None)
     if entry is not None and entry.channel is not None:
@@ -195,21 +214,9 @@ def forget(name: str | None = None, namespace: str | None = None) -> None:
 def process_identity() -> Who:
     """This process's identity as the actor wants it (a tuple: cheaper to pickle per call)."""
     global _identity
+    _this_process()
     identity = _identity
-    if identity is None:  # reset in a forked child (_forget_after_fork)
+    if identity is None:  # reset in a forked child (_this_process)
         me = WriterIdentity.current()
         identity = _identity = (me.host, me.pid, me.rank, me.local_rank, me.world_size)
     return identity
-
-
-def _forget_after_fork() -> None:
-    global _cache_lock, _identity
-    for entry in _cache.values():
-        if entry.channel is not None:
-            entry.channel.abandon_after_fork()
-    _cache.clear()
-    _cache_lock = threading.Lock()
-    _identity = None
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)

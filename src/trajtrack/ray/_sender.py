@@ -363,25 +363,22 @@ class Sender:
 
 
 _sender = Sender()
+_sender_pid = os.getpid()
 
 
 def sender() -> Sender:
     """This process's sender (a ``fork()``ed child has a new one: call this, do not keep it)."""
+    global _sender, _sender_pid
+    if _sender_pid != os.getpid():
+        # The sender thread is not inherited; nor are the parent's dumps.
+        _sender, _sender_pid = Sender(), os.getpid()
     return _sender
 
 
 def _drain_at_exit() -> None:
-    if not _sender.in_flight() or not ray.is_initialized():
+    if not sender().in_flight() or not ray.is_initialized():
         return
     try:
-        _sender.wait(exit_timeout_from_env())
+        sender().wait(exit_timeout_from_env())
     except Exception as exc:
         logger.error("trajtrack: pipelined dumps not delivered before exit: %s", exc)
-
-
-def _new_sender_after_fork() -> None:
-    global _sender
-    _sender = Sender()  # the sender thread is not inherited; nor are the parent's dumps
-
-
-os.register_at_fork(after_in_child=_new_sender_after_fork)

@@ -82,17 +82,18 @@ def request_load(*, data: bytes | None = None, path: str | None = None) -> Reply
         pickle.UnpicklingError: The reply needs more than torch's defaults (it never should).
     """
     header = {"path": path}
-    with _state.lock:
-        worker = _state.worker
+    state = _this_process_state()
+    with state.lock:
+        worker = state.worker
         if worker is None or not worker.is_alive():
             problem = main_module_problem()
             if problem is not None:
                 raise MainModuleError(problem)
-            worker = _state.worker = _Worker()
+            worker = state.worker = _Worker()
         try:
             raw_header, payload = worker.exchange(header, data or b"")
         except (OSError, EOFError) as exc:  # the worker died, or its pipe broke
-            _state.worker = None
+            state.worker = None
             raise WorkerError(f"the load worker exited ({worker.describe_exit()})") from exc
     answer = json.loads(raw_header)
     status = answer.get("status") if isinstance(answer, dict) else None
@@ -108,6 +109,7 @@ def request_load(*, data: bytes | None = None, path: str | None = None) -> Reply
 
 class _State:
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self.lock = threading.Lock()
         self.worker: _Worker | None = None
 
@@ -115,13 +117,13 @@ class _State:
 _state = _State()
 
 
-def _forget_in_child() -> None:
-    # A forked child shares the parent's pipe to the worker: it must start its own.
+def _this_process_state() -> _State:
+    """The state of this process: a forked child shares the parent's pipe to the worker (and
+    perhaps its lock, held), so it starts afresh."""
     global _state
-    _state = _State()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
+    if _state.pid != os.getpid():
+        _state = _State()
+    return _state
 
 
 class _Worker:
