@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from trajtrack.reader._numpy_standins import ArrayStandIn, DTypeStandIn
+from trajtrack._numpy_standins import ArrayStandIn, DTypeStandIn
 from trajtrack.reader._portable import TAG, UnportableError, decode, encode
 from trajtrack.rollout import RolloutBatch, RolloutSample, ValidateMetrics
 

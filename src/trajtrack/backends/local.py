@@ -34,7 +34,12 @@ from trajtrack._exceptions import (
     StoragePermissionError,
 )
 from trajtrack.backends._local_errors import exists_error, translate, translated
-from trajtrack.backends._local_paths import is_inside, open_directory, resolve_inside
+from trajtrack.backends._local_paths import (
+    DirectoryReader,
+    is_inside,
+    open_directory,
+    resolve_inside,
+)
 from trajtrack.backends._protocol import (
     BytesPayload,
     FileInfo,
@@ -47,7 +52,7 @@ from trajtrack.backends._protocol import (
 )
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
 
-__all__ = ["LocalStorage", "resolve_inside", "translate", "translated"]
+__all__ = ["DirectoryReader", "LocalStorage", "resolve_inside", "translate", "translated"]
 
 _WRITE_BUFFER = 1 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

@@ -250,7 +250,7 @@ def _keys(text: str) -> tuple[str, ...]:
 
 
 def _rows(text: str) -> list[int]:
-    from trajtrack.reader._text import parse_rows  # the reader imports torch: only when given
+    from trajtrack.reader import parse_rows  # the reader imports torch: only when given
 
     try:
         return parse_rows(text)

@@ -14,8 +14,10 @@ from typing import Any
 import anyio.to_thread
 
 from trajtrack._exceptions import TrajtrackError
-from trajtrack.reader import DumpComparison, Run, RunDiff
-from trajtrack.reader._text import (
+from trajtrack.reader import (
+    DumpComparison,
+    Run,
+    RunDiff,
     TextRow,
     TokenDifference,
     load_tokenizer,

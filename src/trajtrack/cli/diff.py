@@ -21,10 +21,10 @@ from trajtrack.reader import (
     Tolerance,
     diff_runs,
     open_run,
+    render_text_section,
     require_matplotlib,
     write_diff_report,
 )
-from trajtrack.reader._text_report import render_text_section
 
 __all__ = ["render", "run"]
 

@@ -25,13 +25,14 @@ from trajtrack.cli._parsers import MAX_ITEMS
 from trajtrack.cli._text import show_text_lines, tokenizer_of
 from trajtrack.reader import (
     DumpInfo,
+    abbreviate,
     open_run,
     render_dump_report,
     require_matplotlib,
+    text_rows,
+    within_budget,
     write_atomically,
 )
-from trajtrack.reader._kinds import abbreviate, within_budget
-from trajtrack.reader._text import text_rows
 
 __all__ = ["describe", "run"]
 

@@ -13,7 +13,7 @@ Read the modules in this order::
 
     names.py         dump names: validation, the distributed name template, reserved paths
     records.py       the record of what was written, kept in the storage itself
-    _columns.py      record lines in columns (format version 2): many dumps in one JSON object
+    columns.py       record lines in columns (format version 2): many dumps in one JSON object
     shards.py        the shards layout's file format: plain POSIX tar files of dumps
     torch_format.py  facts of torch's checkpoint format the writer and the reader share
 """

@@ -14,7 +14,7 @@ Two kinds of line, both read back (:func:`decode_segment`):
   columns -- ``name``, ``path``, ``size``, ``checksum``, ``time`` lists of one entry per dump,
   the writer's ``host``, ``pid``, ``rank`` and ``writer`` once, and for shard members the
   ``shards`` they are in, each dump's ``shard`` (an index into ``shards``) and ``offset``.
-  Parsing a column costs a tenth of parsing an object per dump (:mod:`trajtrack.layouts._columns`);
+  Parsing a column costs a tenth of parsing an object per dump (:mod:`trajtrack.layouts.columns`);
 * ``"v": 1``: one JSON object per dump with the same fields (what earlier writers wrote).
 
 A line that is not one of these (damaged, forged) is skipped and counted, never trusted: for a
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
-from trajtrack.layouts._columns import (
+from trajtrack.layouts.columns import (
     COLUMNS_VERSION,
     Columns,
     column_lines,
@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 RECORDS_PREFIX = f"{RECORDS_DIR}/records"
-FORMAT_VERSION = 1  # of a line per dump; the columns' lines are version 2 (layouts._columns)
+FORMAT_VERSION = 1  # of a line per dump; the columns' lines are version 2 (layouts.columns)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ Read the modules in this order::
     _fast_load.py  ... its fast path: the C unpickler, accepted only where it provably agrees
     _torch_archive.py  ... torch's zip container and the pickle's opcodes, checked first
     _standins.py   ... verl's objects read as data: allow-listed stand-ins
-    _numpy_standins.py  ... numpy's pickle reconstructors, re-done from data only
+    ../_numpy_standins.py  ... numpy's pickle reconstructors, re-done from data only (shared
+                   with trajtrack.rollout's allow-list)
     _tensordict_standins.py  ... tensordict's pickle reductions, re-done from data only
     _load_worker.py  ... in trajtrack's own process, for a dump that needs trajtrack's list
     _portable.py   ... and how that process hands the object back (torch's defaults load it)
@@ -56,6 +57,7 @@ from trajtrack.reader._export import ExportResult, export_run
 from trajtrack.reader._gather import gather_bounded, group_small
 from trajtrack.reader._html import write_atomically
 from trajtrack.reader._ignore import VOLATILE as VOLATILE_KEYS
+from trajtrack.reader._kinds import abbreviate, within_budget
 from trajtrack.reader._plots import require_matplotlib
 from trajtrack.reader._replay import Replay
 from trajtrack.reader._report import (
@@ -76,9 +78,12 @@ from trajtrack.reader._text import (
     TextRow,
     TokenDifference,
     load_tokenizer,
+    parse_rows,
     text_differences,
     text_rows,
+    token_keys,
 )
+from trajtrack.reader._text_report import render_text_section
 
 __all__ = [
     "VOLATILE_KEYS",
@@ -96,6 +101,7 @@ __all__ = [
     "TextRow",
     "TokenDifference",
     "Tolerance",
+    "abbreviate",
     "allow_in_this_process",
     "check_loadable",
     "compare",
@@ -111,11 +117,15 @@ __all__ = [
     "load_tokenizer",
     "matches",
     "open_run",
+    "parse_rows",
     "render_diff_report",
     "require_matplotlib",
     "render_dump_report",
+    "render_text_section",
     "text_differences",
     "text_rows",
+    "token_keys",
+    "within_budget",
     "write_atomically",
     "write_diff_report",
 ]

@@ -64,7 +64,7 @@ from trajtrack.reader._torch_archive import (
     member_start,
     scan_opcodes,
 )
-from trajtrack.rollout._pickling import REBUILDS
+from trajtrack.rollout import RECORD_REBUILDS as REBUILDS
 
 __all__ = [
     "ATOMS",

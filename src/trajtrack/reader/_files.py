@@ -21,7 +21,7 @@ import numpy as np
 
 from trajtrack._exceptions import StoragePermissionError
 from trajtrack.backends import Storage, check_relative
-from trajtrack.backends._local_paths import resolve_inside
+from trajtrack.backends.local import resolve_inside
 from trajtrack.reader._dumps import DumpInfo
 
 __all__ = ["LocalFile", "inside_run", "local_file", "real_root", "same_contents"]

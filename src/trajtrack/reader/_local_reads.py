@@ -24,8 +24,7 @@ from typing import Final
 
 from trajtrack._exceptions import DumpLoadError, StorageError, StoragePermissionError
 from trajtrack.backends import check_relative
-from trajtrack.backends._local_paths import DirectoryReader, resolve_inside
-from trajtrack.backends.local import translate
+from trajtrack.backends.local import DirectoryReader, resolve_inside, translate
 from trajtrack.reader._batch_reads import check_held, check_readable, span_end, whole_member
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._files import real_root

@@ -1,7 +1,7 @@
 """What a run's record says: :class:`RecordSet`, and the recorded dumps it gives.
 
 The segments' good lines are kept as they were decoded: a version-2 line as its
-:class:`~trajtrack.layouts._columns.Columns` (a list per field), a version-1 line as one
+:class:`~trajtrack.layouts.columns.Columns` (a list per field), a version-1 line as one
 record's fields. When no path is recorded twice (a run whose names are not reused: the common
 case), the dumps of a line in columns are built a column at a time: the checks of every path,
 shard and place made over whole columns by C functions (``map``, ``all``), each
@@ -20,7 +20,7 @@ from typing import Final
 
 from trajtrack._exceptions import InvalidNameError, StorageError
 from trajtrack.backends import FileInfo, check_relative
-from trajtrack.layouts._columns import Columns
+from trajtrack.layouts.columns import Columns
 from trajtrack.layouts.names import plainly_valid, plainly_valid_all, validate_name
 from trajtrack.layouts.records import RecordFields, SegmentPart, decode_segment_parts
 from trajtrack.layouts.shards import is_shard_path

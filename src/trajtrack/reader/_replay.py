@@ -33,7 +33,7 @@ from trajtrack._exceptions import ConfigurationError, StorageNotFoundError, Trac
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._gather import gather_bounded
 from trajtrack.reader._safe_load import load_dump_bytes
-from trajtrack.rollout._manifest import STEP_MANIFEST, manifest_dumps
+from trajtrack.rollout import STEP_MANIFEST, manifest_dumps
 
 if TYPE_CHECKING:
     from trajtrack.reader._run import Run

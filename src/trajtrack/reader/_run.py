@@ -36,7 +36,7 @@ from trajtrack.reader._listing import scan_run
 from trajtrack.reader._local_reads import LocalReader, read_local
 from trajtrack.reader._replay import Replay
 from trajtrack.reader._safe_load import load_dump_bytes, load_dump_file
-from trajtrack.rollout._manifest import STEP_MANIFEST
+from trajtrack.rollout import STEP_MANIFEST
 
 __all__ = ["DEFAULT_CONCURRENCY", "Run", "open_run"]
 

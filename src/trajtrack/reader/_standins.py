@@ -13,7 +13,7 @@ trajtrack allow-lists its own objects under those names (:data:`STANDIN_GLOBALS`
   tuple of dtype names, shapes and byte arrays, and returns a
   :class:`~trajtrack.rollout.RolloutBatch` (nested TensorDicts as nested dicts).
 * tensordict's reductions: :mod:`trajtrack.reader._tensordict_standins`.
-* numpy's reconstructors: :mod:`trajtrack.reader._numpy_standins`.
+* numpy's reconstructors: :mod:`trajtrack._numpy_standins`.
 * ``verl.experimental.fully_async_policy.detach_utils.RolloutSample`` (a dataclass):
   :class:`VerlSampleStandIn`, finished into trajtrack's
   :class:`~trajtrack.rollout.RolloutSample`; each of verl's fields has the same name there.
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from trajtrack._exceptions import DumpLoadError
-from trajtrack.reader._numpy_standins import (
+from trajtrack._numpy_standins import (
     NUMPY_GLOBALS,
     ArrayStandIn,
     DTypeStandIn,

@@ -16,7 +16,7 @@ from trajtrack._loop_thread import LoopThread
 from trajtrack.reader._dumps import DumpInfo, RunListing
 from trajtrack.reader._replay import Replay
 from trajtrack.reader._run import Run
-from trajtrack.rollout._manifest import STEP_MANIFEST
+from trajtrack.rollout import STEP_MANIFEST
 
 __all__ = ["CLOSE_TIMEOUT", "SyncRun"]
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from trajtrack._exceptions import DumpLoadError
-from trajtrack.reader._numpy_standins import mark_pending
+from trajtrack._numpy_standins import mark_pending
 
 __all__ = ["TENSORDICT_GLOBALS", "TensorDictStandIn"]
 

@@ -44,8 +44,9 @@ from ._errors import (
     BatchSizeError,
     BatchTypeError,
 )
-from ._manifest import STEP_MANIFEST, record_step_manifest, step_manifest
+from ._manifest import STEP_MANIFEST, manifest_dumps, record_step_manifest, step_manifest
 from ._metrics import MetricsAggregator
+from ._pickling import REBUILDS as RECORD_REBUILDS
 from ._prepare import (
     MULTI_TURN_AGENT,
     NO_AGENT_NAME,
@@ -75,12 +76,14 @@ __all__ = [
     "BatchTypeError",
     "MetricsAggregator",
     "NamePattern",
+    "RECORD_REBUILDS",
     "RolloutBatch",
     "RolloutSample",
     "ValidateMetrics",
     "addition_process",
     "assemble_batch_from_rollout_samples",
     "compute_response_mask",
+    "manifest_dumps",
     "prepare_single_generation_data",
     "record_step_manifest",
     "step_manifest",

@@ -4,7 +4,7 @@
 :class:`RolloutSample` holding a :class:`RolloutBatch` needs our three classes plus what
 numpy's own pickles reference: the array and scalar reconstructors, ``ndarray`` and ``dtype``.
 For those, the list holds trajtrack's stand-ins under numpy's names
-(:mod:`trajtrack.reader._numpy_standins`), never numpy's own reconstructors: numpy's take a
+(:mod:`trajtrack._numpy_standins`), never numpy's own reconstructors: numpy's take a
 dtype's flags from the file, and an object dtype pickled with flags 0 makes numpy read file
 bytes as object pointers. The stand-ins rebuild each dtype from its type code and give object
 arrays their items from the list the unpickler built.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trajtrack.reader._numpy_standins import NUMPY_GLOBALS
+from trajtrack._numpy_standins import NUMPY_GLOBALS
 
 from ._batch import RolloutBatch
 from ._pickling import REBUILDS

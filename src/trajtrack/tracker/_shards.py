@@ -33,7 +33,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from trajtrack._exceptions import DumpExistsError, SerializationError
 from trajtrack._retry import RetryPolicy, retry_async
 from trajtrack.backends import BytesPayload, Storage
-from trajtrack.backends._local_errors import translate
+from trajtrack.backends.local import translate
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
 from trajtrack.layouts.shards import ShardFormatError, shard_path
 from trajtrack.tracker._payloads import FilePayload
