@@ -139,14 +139,9 @@ def bench_latency(quick: bool, scratch: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- throughput
 
 
-async def throughput_tracker(
-    obj: Any, n: int, root: Path, workers: int, writer_process: bool = True
-) -> float:
+async def throughput_tracker(obj: Any, n: int, root: Path, workers: int) -> float:
     start = time.perf_counter()
-    options = {"writer_process": writer_process}
-    async with Tracker(
-        root, workers=workers, max_pending_bytes=1 << 30, storage_options=options
-    ) as tracker:
+    async with Tracker(root, workers=workers, max_pending_bytes=1 << 30) as tracker:
         for i in range(n):
             await tracker.dump(obj, f"d{i}")
         await tracker.flush()
@@ -194,10 +189,9 @@ def throughput_raw_bytes(data: bytes, n: int, root: Path) -> float:
     return time.perf_counter() - start
 
 
-_OURS = ("tracker", "threads")  # the rows that get ratios against the baselines
+_OURS = ("tracker",)  # the rows that get ratios against the baselines
 _WRITER_LABELS = {
     "tracker": "trajtrack (4 workers)",
-    "threads": "trajtrack, no writer process",
     "inline": "inline torch.save+rename",
     "pool": "thread pool (4) torch.save+rename",
     "raw": "raw write of same bytes",
@@ -206,7 +200,7 @@ _WRITER_LABELS = {
 
 # The writers measured per payload; the first is measured first in even rounds, last in odd.
 _KINDS = {
-    "4KB": ("tracker", "inline", "threads", "pool"),
+    "4KB": ("tracker", "inline", "pool"),
     "1MB": ("inline", "tracker", "raw", "pool"),
 }
 
@@ -298,8 +292,8 @@ def _vs_pool(measured: dict[str, list[float]]) -> dict[str, list[float]]:
 
 
 def _one_throughput(kind: str, obj: Any, data: bytes, n: int, root: Path) -> float:
-    if kind in ("tracker", "threads"):
-        return asyncio.run(throughput_tracker(obj, n, root, 4, writer_process=kind == "tracker"))
+    if kind == "tracker":
+        return asyncio.run(throughput_tracker(obj, n, root, 4))
     if kind == "inline":
         return throughput_inline(obj, n, root)
     if kind == "pool":
