@@ -15,8 +15,9 @@ HDFS test cluster (a real NameNode + DataNode, started here unless ``--cluster-d
 * **tracker, files layout**, **tracker, shards layout** (until ``flush()``);
 * **raw bound**: the same dumps serialized (``torch.save`` each), concatenated and written as
   one file by one raw ``client.write``, serialization included. Shards and raw run three times
-  each, interleaved, and the best of each is compared (two single runs on the same code gave
-  shards 3,095 and 4,195 dumps/s on this VM: benchmarks/README.md, twelfth pass).
+  each, interleaved, and the best of each is compared: a shard's flush commits two files where
+  the raw bound writes one, and each commit on the test cluster takes either a short or a long
+  time (the DataNode client's back-off), so one round's ratio is decided by chance.
 
 Run: ``python benchmarks/bench_shards.py [--quick] [--cluster-dir DIR] [--no-hdfs]``. Prints
 tables, writes ``benchmarks/results/shards.json``.

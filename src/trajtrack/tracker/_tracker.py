@@ -202,6 +202,7 @@ class Tracker(Intake):
         On failure the storage is closed again (the tracker stays unstarted) and the error
         raised.
         """
+        _require_asyncio()
         if self.state is not TrackerState.NEW and not self._early:
             raise TrackerStateError(f"cannot start: the tracker is {self.state.value}")
         self._early = False
@@ -233,6 +234,7 @@ class Tracker(Intake):
         Raises:
             ConfigurationError: The destination is unusable (raised here, not in the start).
         """
+        _require_asyncio()
         if self.state is not TrackerState.NEW:
             raise TrackerStateError(f"cannot start: the tracker is {self.state.value}")
         if self._storage is None:
@@ -387,3 +389,15 @@ def _policy(value: FullPolicy | str) -> FullPolicy:
     except ValueError:
         known = ", ".join(p.value for p in FullPolicy)
         raise ConfigurationError(f"unknown full_policy {value!r}; one of: {known}") from None
+
+
+def _require_asyncio() -> None:
+    """Fail clearly outside asyncio: the tracker's hot path uses asyncio's loop, futures and
+    callbacks directly (anyio's helpers run on its asyncio backend only)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise TrackerStateError(
+            "trajtrack's Tracker runs on asyncio, and no asyncio event loop is running in this "
+            "thread (trio is not supported); from synchronous code use trajtrack.SyncTracker"
+        ) from None
