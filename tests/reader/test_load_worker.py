@@ -53,6 +53,34 @@ def test_the_worker_is_reused_and_replaced_when_it_died() -> None:
     assert worker_pid() not in (None, first)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_starts_its_own_worker_and_the_parent_keeps_its_own() -> None:
+    """A child shares the parent's pipe to its worker after a fork: it must start its own (two
+    processes on one pipe would mix their frames; the worker is not the child's to manage)."""
+    assert load_dump_bytes(saved(SAMPLE)) == SAMPLE
+    parents = worker_pid()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its answer through the pipe, nothing else
+        try:
+            loaded = load_dump_bytes(saved(SAMPLE))
+            answer = f"{int(loaded == SAMPLE)} {worker_pid()}"
+        except BaseException as exc:
+            answer = f"error {exc!r}"
+        finally:
+            os.write(write_end, answer.encode())
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    answer = os.read(read_end, 1000).decode()
+    os.close(read_end)
+    loaded_ok, childs = answer.split(" ", 1)
+    assert loaded_ok == "1", answer
+    assert childs not in ("None", str(parents))
+    assert load_dump_bytes(saved(SAMPLE)) == SAMPLE
+    assert worker_pid() == parents
+
+
 def test_a_worker_dying_during_a_load_fails_that_load_only(monkeypatch: pytest.MonkeyPatch) -> None:
     assert load_dump_bytes(saved(SAMPLE)) == SAMPLE  # a worker is running
     exchange = load_worker._Worker.exchange
