@@ -159,19 +159,24 @@ def throughput_inline(obj: Any, n: int, root: Path) -> float:
     return time.perf_counter() - start
 
 
-def throughput_thread_pool(obj: Any, n: int, root: Path) -> float:
+def throughput_thread_pool(obj: Any, n: int, root: Path, *, copy: bool = False) -> float:
     """A ``ThreadPoolExecutor(4)`` fed from the loop, each task ``torch.save`` to a temp name +
-    rename, timed until every task is done. No snapshot: the loop never mutates *obj*."""
+    rename, timed until every task is done. No snapshot: the loop never mutates *obj*; with
+    *copy*, the loop clones the tensors before each submit, as a caller that goes on to
+    mutate them must (the tracker's snapshot)."""
     root.mkdir(parents=True, exist_ok=True)
 
-    def save(i: int) -> None:
+    def save(i: int, item: Any) -> None:
         tmp = root / f".d{i}.tmp"
-        torch.save(obj, tmp)
+        torch.save(item, tmp)
         os.replace(tmp, root / f"d{i}.pth")
+
+    def snapshot() -> Any:
+        return {key: value.clone() for key, value in obj.items()} if copy else obj
 
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(save, i) for i in range(n)]
+        futures = [pool.submit(save, i, snapshot()) for i in range(n)]
         for future in futures:
             future.result()
     return time.perf_counter() - start
@@ -194,6 +199,7 @@ _WRITER_LABELS = {
     "tracker": "trajtrack (4 workers)",
     "inline": "inline torch.save+rename",
     "pool": "thread pool (4) torch.save+rename",
+    "pool_copy": "thread pool (4), loop clones first",
     "raw": "raw write of same bytes",
 }
 
@@ -201,7 +207,7 @@ _WRITER_LABELS = {
 # The writers measured per payload; the first is measured first in even rounds, last in odd.
 _KINDS = {
     "4KB": ("tracker", "inline", "pool"),
-    "1MB": ("inline", "tracker", "raw", "pool"),
+    "1MB": ("inline", "tracker", "raw", "pool", "pool_copy"),
 }
 
 
@@ -222,10 +228,9 @@ def bench_throughput(quick: bool, scratch: Path, rounds: int = 3) -> dict[str, A
         mb = len(data) * n / 1e6
         kinds = _KINDS.get(size, ("inline", "tracker", "raw"))
         measured: dict[str, list[float]] = {kind: [] for kind in kinds}
-        # One unmeasured round of each writer first: on this VM the first touch of memory
-        # the guest has not used for a while (page cache, the staging arena) costs several
-        # times a later one, and the first measured round of a process ran at a third of the
-        # others' speed, tracker or not (pass 12). A training process dumps in steady state.
+        # One unmeasured round of each writer first: on a VM the first touch of memory the
+        # guest has not used for a while (page cache, allocator arenas) costs several times a
+        # later one, whichever writer it is. A training process dumps in steady state.
         for kind in kinds:
             root = scratch / f"tp-{size}-{kind}-warm"
             _one_throughput(kind, obj, data, n, root)
@@ -237,14 +242,13 @@ def bench_throughput(quick: bool, scratch: Path, rounds: int = 3) -> dict[str, A
                 measured[kind].append(_one_throughput(kind, obj, data, n, root))
                 if len(data) > 64 << 10:  # larger files: their dirty pages go at once
                     subprocess.run(["rm", "-rf", str(root)], check=True)
-                    # ... and the deletion settles before the next writer: without this, a
-                    # round right after deleting 300 MB here ran at a third of its speed,
-                    # whichever writer it was (plain os.write loops too; pass 12).
+                    # ... and the deletion settles before the next writer: otherwise the
+                    # writeback of the deleted files slows whichever writer comes next.
                     os.sync()
         # Many small files are deleted only now: ext4 scans the inode table for recently
         # deleted inodes when it allocates new ones, so thousands of files deleted between two
-        # writers' rounds made the next writer's file creations 2-10x dearer (perf:
-        # recently_deleted; 16-250 us per file here), whichever writer came next.
+        # writers' rounds make the next writer's file creations dearer (perf:
+        # recently_deleted), whichever writer comes next.
         subprocess.run(["rm", "-rf", *map(str, scratch.glob(f"tp-{size}-*"))], check=True)
         os.sync()
         times = {kind: statistics.median(seconds) for kind, seconds in measured.items()}
@@ -296,8 +300,8 @@ def _one_throughput(kind: str, obj: Any, data: bytes, n: int, root: Path) -> flo
         return asyncio.run(throughput_tracker(obj, n, root, 4))
     if kind == "inline":
         return throughput_inline(obj, n, root)
-    if kind == "pool":
-        return throughput_thread_pool(obj, n, root)
+    if kind in ("pool", "pool_copy"):
+        return throughput_thread_pool(obj, n, root, copy=kind == "pool_copy")
     return throughput_raw_bytes(data, n, root)
 
 

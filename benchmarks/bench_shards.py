@@ -126,10 +126,9 @@ def bench_local(quick: bool, scratch: Path) -> dict[str, Any]:
     times: dict[str, float] = {}
     latency: dict[str, Any] = {}
     kinds = ("inline", "torch.save alone", "files", "shards")
-    # One unmeasured round of each first, and no small files deleted between measured rounds
-    # (both as in bench_core.py, pass 12: on this VM the first round of a process ran at a
-    # third of the others' speed, and ext4 made file creations 2-10x dearer right after
-    # thousands of files were deleted, whichever writer came next).
+    # One unmeasured round of each first, and no small files deleted between measured rounds,
+    # for the reasons given in bench_core.py: the first touch of memory costs more, and ext4
+    # makes file creations dearer right after thousands of files were deleted.
     for kind in kinds:
         _local_round(kind, obj, n // 5, scratch / f"warm-{kind.replace(' ', '_')}")
     _delete(scratch.glob("warm-*"))
