@@ -4,11 +4,13 @@ Each dump is one atomic write (a hidden temporary name, then a rename; see the s
 backends), retried under the tracker's retry policy when the failure is transient. What
 existing ``torch.load(path)`` scripts expect; right for large dumps.
 
-Small dumps are written in batches: an upload worker takes what is queued (up to
+Small and mid-size dumps are written in batches: an upload worker takes what is queued (up to
 :data:`BATCH_ITEMS` dumps, :data:`BATCH_BYTES` bytes) and writes it with one
-``write_atomic_many`` -- one worker-thread hop for a local disk instead of one per dump, which
-for 4 KB dumps costs more than the write itself. Dumps of a batch whose write failed
-transiently are retried one by one.
+``write_atomic_many`` -- one worker-thread hop (and one open of the directory) for a local disk
+instead of one per dump. For 4 KB dumps a hop costs more than the write itself; for 1 MB dumps
+the hops' round trips through the event loop share the GIL with the dumping caller
+(``benchmarks/bench_core.py``, 1 MB against the thread pool). Remote storages write a batch's
+files concurrently. Dumps of a batch whose write failed transiently are retried one by one.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from trajtrack.tracker._worker import Outcomes, Spawn
 __all__ = ["BATCH_BYTES", "BATCH_ITEMS", "FilesLayout"]
 
 BATCH_ITEMS = 64
-BATCH_BYTES = 1 << 20
+BATCH_BYTES = 8 << 20
+"""A batch's bytes at most: a few mid-size dumps per hop, while four workers still write
+large ones side by side."""
 
 
 class FilesLayout:
