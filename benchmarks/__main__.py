@@ -110,6 +110,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     def rate(data: dict[str, Any] | None, writer: str) -> float | None:
         return _get(data, writer, "dumps_per_s")  # type: ignore[no-any-return]
 
+    def files(data: dict[str, Any] | None, baseline: str) -> float | None:
+        return ratio(rate(data, "tracker"), rate(data, baseline))
+
     rows = [
         # Issue #34: the targets that must hold without the writer helper process.
         ("dump() p50 vs verl dump_data p50", ratio(verl_p50, dump_p50), 50, "x lower"),
@@ -120,30 +123,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "x lower",
         ),
         ("event-loop max lag, 256 MB dumps (ms, worst)", _get(lag, "max"), 20, "ms <="),
-        (
-            "4 KB files until flush vs inline loop",
-            ratio(rate(small, "tracker"), rate(small, "inline")),
-            0.7,
-            "",
-        ),
-        (
-            "4 KB files until flush vs thread pool",
-            ratio(rate(small, "tracker"), rate(small, "pool")),
-            1.0,
-            "",
-        ),
-        (
-            "1 MB files until flush vs inline loop",
-            ratio(rate(medium, "tracker"), rate(medium, "inline")),
-            0.8,
-            "",
-        ),
-        (
-            "1 MB files until flush vs thread pool",
-            ratio(rate(medium, "tracker"), rate(medium, "pool")),
-            1.0,
-            "",
-        ),
+        ("4 KB files until flush vs inline loop", files(small, "inline"), 0.7, ""),
+        ("4 KB files until flush vs thread pool", files(small, "pool"), 1.0, ""),
+        ("1 MB files until flush vs inline loop", files(medium, "inline"), 0.8, ""),
+        ("1 MB files until flush vs thread pool", files(medium, "pool"), 1.0, ""),
         (
             "256 MB MB/s vs raw local write",
             ratio(_get(large, "tracker", "mb_per_s"), _get(large, "raw", "mb_per_s")),

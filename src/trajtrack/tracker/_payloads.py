@@ -112,10 +112,9 @@ class ObjectPayload:
 class SerializedPayload(BytesPayload):
     """A small dump already serialized at ``dump()`` time, with its size and CRC-32.
 
-    For small plain data one pass (the archive writer; ``benchmarks/bench_core.py``'s 4 KB
-    latency measures it) is both
-    the snapshot and the serialization: cheaper than a copy now and a serialization later, and
-    the storage does not compute the checksum again (:meth:`write_counted`).
+    For small plain data dumped into shards, one pass (the archive writer) is both the snapshot
+    and the serialization, and gives the bytes the shard lays out on the event loop; the
+    storage does not compute the checksum again (:meth:`write_counted`).
     """
 
     def __init__(self, data: bytes | bytearray | memoryview, checksum: str) -> None:

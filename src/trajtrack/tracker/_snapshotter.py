@@ -1,11 +1,11 @@
 """Choosing how to snapshot a dump: copy it on the caller's thread, or serialize it in a thread.
 
-* Small plain data (up to :data:`SERIALIZE_NOW_MAX_BYTES`) with the default serializer is
-  serialized right away, with the archive writer: one pass that is both the snapshot and the
-  serialization, and the file's checksum with it.
-* Other plain data up to ``inline_bytes`` (and CUDA tensors at any size: a device clone plus
-  an asynchronous device-to-host copy) is copied right away on the caller's thread, without
-  releasing the GIL for small tensors; the upload worker serializes the copy later.
+* Plain data up to ``inline_bytes`` (and CUDA tensors at any size: a device clone plus an
+  asynchronous device-to-host copy) is copied right away on the caller's thread, without
+  releasing the GIL for small tensors; the upload worker serializes the copy later. For the
+  shards layout, small plain data (up to :data:`SERIALIZE_NOW_MAX_BYTES`) with the default
+  serializer is serialized right away instead, with the archive writer: the shard lays its
+  members out on the event loop from their bytes (:mod:`~trajtrack.tracker._shard_spool`).
 * Larger plain data is serialized straight into a named spool file in a worker thread (faster
   than copying it in memory, and it holds no RAM); a local destination then renames that file
   into place.
@@ -37,10 +37,12 @@ from trajtrack.tracker._snapshot import (
 __all__ = ["SERIALIZE_NOW_MAX_BYTES", "Snapshotter"]
 
 SERIALIZE_NOW_MAX_BYTES = 64 << 10
-"""Plain data up to this size is serialized by ``dump()`` itself (the archive writer holds
-the GIL for a time that grows with the bytes; up to this size, less than handing the dump to a
-thread would cost the caller in GIL hand-offs: ``benchmarks/bench_core.py``'s and
-``benchmarks/bench_shards.py``'s 4 KB ``await dump`` p50)."""
+"""For the shards layout, plain data up to this size is serialized by ``dump()`` itself: the
+shard writes ready bytes many members to a ``writev``, where other payloads cost a thread hop
+each (``benchmarks/bench_shards.py``: local shards against the inline loop). The files layout
+copies instead: a copy of a small dump costs the caller a fraction of its serialization, and
+the upload worker serializes it in its batch (``benchmarks/bench_core.py``: 4 KB ``await
+dump`` p50)."""
 
 
 class Snapshotter:
@@ -49,6 +51,7 @@ class Snapshotter:
     Args:
         serializer: ``serializer(obj, binary_file)``.
         inline_bytes: Plain data up to this size is copied on the caller's thread.
+        serialize_small: Serialize small plain data at once instead (the shards layout).
         spool_dir: Where large serialized snapshots go (default: the storage's own spool
             directory when it has one, else the system temporary directory).
         who: The writer, for spool file names.
@@ -60,12 +63,14 @@ class Snapshotter:
         serializer: Serializer,
         *,
         inline_bytes: int,
+        serialize_small: bool,
         spool_dir: str | None,
         who: WriterIdentity,
         threads: int,
     ) -> None:
         self._serializer = serializer
         self._inline_bytes = inline_bytes
+        self._serialize_small = serialize_small and serializer is torch_save
         self._spool_dir = spool_dir
         self._storage_spool: str | None = None
         self._who = who
@@ -94,9 +99,9 @@ class Snapshotter:
 
     def _plain(self, obj: Any, nbytes: int | None) -> Payload:
         if (
-            nbytes is not None
+            self._serialize_small
+            and nbytes is not None
             and nbytes <= SERIALIZE_NOW_MAX_BYTES
-            and self._serializer is torch_save
             and not has_cuda_tensor(obj)  # a CUDA copy must not make the caller wait
         ):
             serialized = serialize_small(obj)

@@ -147,6 +147,7 @@ class Tracker(Intake):
         self._snapshots = Snapshotter(
             serializer,
             inline_bytes=inline_snapshot_bytes,
+            serialize_small=layout == "shards",
             spool_dir=spool_dir,
             who=self._who,
             threads=max(2, workers),
