@@ -79,11 +79,11 @@ class Tracker(Intake):
         retry: Retries of transient storage failures.
         exit_timeout: Budget in seconds for draining when the ``async with`` block exits.
         inline_snapshot_bytes: Plain data up to this size is snapshotted on the caller's
-            thread: up to 64 KiB serialized at once (one pass is both the snapshot and the
-            serialization), larger data copied (a copy runs at memory bandwidth, far cheaper
-            than serializing; ``benchmarks/bench_core.py``) and serialized by a worker;
-            larger data is serialized in a worker thread into a spool file while ``dump()``
-            awaits, so the loop never copies it.
+            thread: copied (a copy runs at memory bandwidth, far cheaper than serializing;
+            ``benchmarks/bench_core.py``) and serialized by an upload worker; for the shards
+            layout, up to 64 KiB is serialized at once instead (the shard lays its members out
+            from their bytes). Larger data is serialized in a worker thread into a spool file
+            while ``dump()`` awaits, so the loop never copies it.
         record: Write the record of what was written (``.trajtrack/records``).
         record_interval: Seconds between record segments while dumps commit.
         sweep_stale: At start, delete temporary files left by dead processes of this host.
