@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
+import time
 from pathlib import Path
 from typing import BinaryIO
 
@@ -105,3 +107,37 @@ def test_a_first_tracker_imports_nothing_on_the_event_loop(tmp_path: Path) -> No
         check=True,
     )
     assert done.stdout.strip() == "[]", done.stdout
+
+
+async def test_a_producer_that_awaits_only_dump_lets_the_uploads_run(tmp_path: Path) -> None:
+    """dump() yields to the loop now and then when the producer awaits nothing else.
+
+    The upload workers' thread results come back through the loop: without that yield, a
+    producer dumping in a tight loop would commit nothing until it stopped.
+    """
+    # A queue that never fills: a full one would make dump() wait on the loop.
+    async with Tracker(tmp_path, max_pending_items=10**6, max_pending_bytes=1 << 34) as tracker:
+        deadline = time.monotonic() + 5
+        while tracker.statistics().committed == 0 and time.monotonic() < deadline:
+            await tracker.dump({"x": torch.arange(16)}, f"d{tracker.statistics().enqueued}")
+        committed_while_dumping = tracker.statistics().committed
+    assert committed_while_dumping > 0
+
+
+async def test_dump_does_not_yield_when_the_producer_lets_the_loop_run(tmp_path: Path) -> None:
+    """A producer that awaits other things between dumps gets each dump() without a yield.
+
+    A yield there would make each dump wait for the upload workers' turn on the loop. A
+    callback scheduled before the dump shows whether the loop ran during it.
+    """
+    loop = asyncio.get_running_loop()
+    async with Tracker(tmp_path) as tracker:
+        ran_during_dump = []
+        for i in range(20):
+            await asyncio.sleep(0.002)  # the producer's other work: the loop runs
+            ran: list[int] = []
+            loop.call_soon(ran.append, i)
+            await tracker.dump({"x": torch.arange(16)}, f"d{i}")
+            ran_during_dump.append(bool(ran))
+        await tracker.flush()
+    assert not any(ran_during_dump)

@@ -169,7 +169,7 @@ class Tracker(Intake):
         self._runner = Runner(self._url, self._ledger, config)
         self._early = False  # _admit_early() ran: start() finishes that start
         self._serializer = serializer
-        self._last_checkpoint = 0.0
+        self._loop_waits_since: float | None = None  # a _loop_ran callback is pending
 
     # ------------------------------------------------------------------ properties
 
@@ -317,13 +317,21 @@ class Tracker(Intake):
         payload = await self._snapshots.take(obj)
         handle = await self._admit(name, path, payload, chosen, timeout)
         # A producer that awaits nothing but dump() would starve the upload workers (their
-        # thread results come back through this loop), so yield now and then: at most every
-        # millisecond of dumping, which keeps the per-dump cost of the checkpoint negligible.
-        now = time.monotonic()
-        if now - self._last_checkpoint >= 0.001:
-            self._last_checkpoint = now
+        # thread results come back through this loop): after a millisecond of dumps without
+        # the loop running, yield. A producer that awaits other things between dumps (a
+        # rollouter awaiting its generations) lets them run already; yielding here too would
+        # make each of its dumps wait for the workers' turn on the loop
+        # (benchmarks/bench_ray.py: await Tracker.dump, calls spaced apart).
+        waits_since = self._loop_waits_since
+        if waits_since is None:
+            self._loop_waits_since = time.monotonic()
+            asyncio.get_running_loop().call_soon(self._loop_ran)
+        elif time.monotonic() - waits_since >= 0.001:
             await asyncio.sleep(0)  # the tracker runs on asyncio; anyio's costs more here
         return handle
+
+    def _loop_ran(self) -> None:
+        self._loop_waits_since = None
 
     def dump_nowait(self, obj: Any, name: str) -> DumpHandle:
         """Like :meth:`dump` but never waits: a full queue drops or raises, never blocks.
