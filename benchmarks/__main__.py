@@ -82,11 +82,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     core, ray, hdfs = results.get("core"), results.get("ray"), results.get("webhdfs")
     verl_p50 = _get(ray, "results", "verl original", "latency", "p50_us")
     verl_rate = _get(ray, "results", "verl original", "dumps_per_s")
-    # Same process as verl's original (so Ray's threads run there too), as the plan asks ...
+    # Like for like: the same process as verl's original, the calls interleaved with verl's and
+    # spaced alike (bench_core's latency is of back-to-back calls, which run faster: it is
+    # compared with torch.save there, not with verl).
     dump_p50 = _get(ray, "results", "await Tracker.dump (per process)", "latency", "p50_us")
     shim_p50 = _get(ray, "results", "trajtrack.dump_data (per process)", "latency", "p50_us")
-    # ... and in a process without Ray (bench_core), against the same verl figure.
-    dump_p50_alone = _get(core, "latency", "4KB", "tracker", "p50_us")
     small = _get(core, "throughput", "4KB")
     large = _get(core, "throughput", "256MB")
     hdfs_large = next((r for r in _get(hdfs, "rows") or [] if r["size_mb"] == 128), None)
@@ -116,12 +116,6 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows = [
         # Issue #34: the targets that must hold without the writer helper process.
         ("dump() p50 vs verl dump_data p50", ratio(verl_p50, dump_p50), 50, "x lower"),
-        (
-            "dump() p50, process without Ray, vs verl",
-            ratio(verl_p50, dump_p50_alone),
-            50,
-            "x lower",
-        ),
         ("event-loop max lag, 256 MB dumps (ms, worst)", _get(lag, "max"), 20, "ms <="),
         ("4 KB files until flush vs inline loop", files(small, "inline"), 0.7, ""),
         ("4 KB files until flush vs thread pool", files(small, "pool"), 1.0, ""),

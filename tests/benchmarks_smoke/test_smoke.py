@@ -104,7 +104,8 @@ def test_targets_are_checked_against_the_figures_of_the_run() -> None:
             }
         },
         "core": {
-            "latency": {"4KB": {"tracker": {"p50_us": 40.0}, "shim": {"p50_us": 250.0}}},
+            # Back-to-back calls: faster than the spaced ones, and not compared with verl's.
+            "latency": {"4KB": {"tracker": {"p50_us": 10.0}, "shim": {"p50_us": 20.0}}},
             "event_loop_lag": {"tracker_summary": {"max_ms": {"max": 25.0}}},
         },
     }
@@ -113,7 +114,7 @@ def test_targets_are_checked_against_the_figures_of_the_run() -> None:
     assert by_name["dump() p50 vs verl dump_data p50"]["met"] is True
     assert by_name["dump_data (shim) p50 vs verl"]["measured"] == 20.0
     assert by_name["dump_data (shim) p50 vs verl"]["met"] is False
-    assert by_name["dump() p50, process without Ray, vs verl"]["measured"] == 125.0
+    assert not any(row["measured"] in (500.0, 250.0) for row in by_name.values())
     assert by_name["event-loop max lag, 256 MB dumps (ms, worst)"]["met"] is False
     assert by_name["128 MB MB/s vs raw WebHDFS write"]["met"] is None  # not measured
 
