@@ -114,6 +114,7 @@ def test_targets_are_checked_against_the_figures_of_the_run() -> None:
     assert by_name["dump() p50 vs verl dump_data p50"]["met"] is True
     assert by_name["dump_data (shim) p50 vs verl"]["measured"] == 20.0
     assert by_name["dump_data (shim) p50 vs verl"]["met"] is False
+    # verl's 5000 us over bench_core's 10 / 20 us: no target sets those against verl.
     assert not any(row["measured"] in (500.0, 250.0) for row in by_name.values())
     assert by_name["event-loop max lag, 256 MB dumps (ms, worst)"]["met"] is False
     assert by_name["128 MB MB/s vs raw WebHDFS write"]["met"] is None  # not measured
