@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import gc
 import io
 import os
 import statistics
@@ -296,6 +297,10 @@ def _vs_pool(measured: dict[str, list[float]]) -> dict[str, list[float]]:
 
 
 def _one_throughput(kind: str, obj: Any, data: bytes, n: int, root: Path) -> float:
+    # Every writer starts from a just-collected heap: torch leaves ~170,000 objects tracked by
+    # the garbage collector, and a full collection of them would otherwise land in whichever
+    # round crosses the collector's threshold (a third of a 1 MB round, seen with gc.callbacks).
+    gc.collect()
     if kind == "tracker":
         return asyncio.run(throughput_tracker(obj, n, root, 4))
     if kind == "inline":

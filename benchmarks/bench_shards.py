@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import io
 import os
 import shutil
@@ -107,6 +108,7 @@ async def steady_stream(root: Path, obj: Any, rate: float, seconds: float) -> di
 
 
 def _local_round(kind: str, obj: Any, n: int, root: Path) -> dict[str, Any]:
+    gc.collect()  # each writer from a just-collected heap (see bench_core._one_throughput)
     if kind == "inline":
         return {"seconds": inline_loop(obj, n, root)}
     if kind == "torch.save alone":
