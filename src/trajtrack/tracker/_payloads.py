@@ -14,6 +14,7 @@ Every payload writes the same bytes each time (a retry rewrites them).
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import pickle
@@ -23,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO, Final
 
-from trajtrack._exceptions import SerializationError
+from trajtrack._exceptions import SerializationError, StorageError
 from trajtrack.backends import BytesPayload, ChecksumWriter, WriteResult
 from trajtrack.tracker._archive import NotArchivable, archive_plan
 from trajtrack.tracker._forkgate import FORK_GATE
@@ -282,12 +283,20 @@ def serialize_to_file(obj: Any, serializer: Serializer, path: str) -> FilePayloa
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(path)
-        if isinstance(exc, OSError | SerializationError) or not isinstance(exc, Exception):
+        if isinstance(exc, SerializationError | StorageError) or not isinstance(exc, Exception):
             raise
-        raise SerializationError(
-            f"could not serialize {type(obj).__name__} for the dump: {exc}"
-        ) from exc
+        raise _serialize_error(obj, exc, path) from exc
     return FilePayload(path, *written)
+
+
+def _serialize_error(obj: Any, exc: Exception, spool: str) -> Exception:
+    """What a failure to serialize *obj* into the *spool* file is: an ``OSError`` of the
+    operating system's (it set ``errno``: disk full, no permission) is the spool's
+    :class:`StorageError`, anything else the object's :class:`SerializationError`."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        reason = "no space left on the device" if exc.errno == errno.ENOSPC else exc.strerror
+        return StorageError(f"could not spool the dump to {spool}: {reason or exc}")
+    return SerializationError(f"could not serialize {type(obj).__name__} for the dump: {exc}")
 
 
 def _serialize_counted(obj: Any, serializer: Serializer, out: BinaryIO) -> tuple[int, str]:
@@ -315,7 +324,7 @@ def serialize_to_spool(
         size = spool.tell()
     except Exception as exc:
         spool.close()
-        raise SerializationError(
-            f"could not serialize {type(obj).__name__} for the dump: {exc}"
-        ) from exc
+        if isinstance(exc, SerializationError | StorageError):
+            raise
+        raise _serialize_error(obj, exc, spool_dir or tempfile.gettempdir()) from exc
     return SpoolPayload(spool, size)

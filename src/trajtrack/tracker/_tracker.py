@@ -306,6 +306,8 @@ class Tracker(Intake):
         Raises:
             InvalidNameError: The name (after the template) is not a safe relative path.
             SerializationError: The object cannot be serialized (nothing was queued).
+            StorageError: A large dump could not be spooled to local disk (disk full, no
+                permission; nothing was queued).
             TrackerClosedError: The tracker is closed or closing.
             TrackerFailedError: The tracker's background task failed.
             QueueFullError: Full queue under the ``raise`` policy.
