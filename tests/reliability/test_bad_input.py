@@ -33,6 +33,7 @@ from trajtrack import (
 )
 from trajtrack.backends.local import LocalStorage
 from trajtrack.layouts.names import is_internal_path
+from trajtrack.reader import open_run
 
 from ._proc import final_files
 
@@ -59,6 +60,8 @@ BAD_NAMES = [
     "é" * 128,  # 256 bytes in UTF-8: over HDFS's component limit
     "a/" * 2100 + "b",  # over 4096 bytes in total
     "z" * 100_000,  # huge
+    "lone_\ud800",  # not valid Unicode text: no storage can store it
+    "step1/\udcff",  # what os.fsdecode makes of an undecodable byte: a reader's, not a writer's
 ]
 NOT_STRINGS: list[Any] = [None, 3, 3.5, b"bytes", Path("a/b"), ["a"], ("a",), object()]
 
@@ -93,6 +96,33 @@ async def test_invalid_names_are_refused_before_anything_is_written(
     assert set(final_files(tmp_path / "dest")) == {"after/ok"}
 
 
+@pytest.mark.parametrize("layout", ["files", "shards"])
+async def test_a_lone_surrogate_fails_only_its_own_dump(tmp_path: Path, layout: str) -> None:
+    """Such a name once passed the check and failed later, in the shards appender (which then
+    failed the whole tracker, the dumps queued before it included) or on the files layout's
+    handle as an untyped UnicodeEncodeError."""
+    async with trajtrack.Tracker(tmp_path / "dest", layout=layout) as tracker:
+        before = await tracker.dump({"x": torch.ones(2)}, "before")
+        with anyio.fail_after(30), pytest.raises(InvalidNameError, match="lone surrogate"):
+            await tracker.dump({"x": torch.ones(2)}, "bad_\ud800")
+        await before.wait(30)
+        await _still_usable(tracker)
+    async with open_run(tmp_path / "dest") as run:
+        assert sorted(info.name for info in await run.list()) == ["after/ok", "before"]
+
+
+def test_only_new_names_must_be_valid_text() -> None:
+    """A reader checks names an operating system listed (os.fsdecode makes an undecodable
+    byte a lone surrogate, e.g. an unrecorded shard member named in Latin-1): still names to
+    read. Only a name about to be written must be valid Unicode text."""
+    from trajtrack.layouts.names import validate_name
+
+    assert validate_name("caf\udce9.pth") == "caf\udce9.pth"
+    with pytest.raises(InvalidNameError, match="lone surrogate"):
+        validate_name("caf\udce9.pth", new=True)
+    assert validate_name("café.pth", new=True) == "café.pth"
+
+
 def test_the_fast_name_check_agrees_with_the_full_one() -> None:
     """Short ASCII names skip the full check; on random names built from the characters the
     rules are about, both must accept and refuse exactly the same names."""
@@ -106,7 +136,7 @@ def test_the_fast_name_check_agrees_with_the_full_one() -> None:
         if rng.random() < 0.01:
             name = name.replace("a", "a" * 300)  # segments over 255 bytes
         try:
-            _validate_str.__wrapped__(name)
+            _validate_str.__wrapped__(name, False)
         except InvalidNameError:
             full = False
         else:

@@ -38,12 +38,15 @@ MAX_NAME_BYTES = 4096
 TEMPLATE_FIELDS = frozenset({"name", "rank", "local_rank", "world_size", "pid", "host"})
 
 
-def validate_name(name: object) -> str:
+def validate_name(name: object, *, new: bool = False) -> str:
     """Return *name* if it is a safe relative dump name, else raise :class:`InvalidNameError`.
 
     Rejected: non-strings, empty names, absolute paths, backslashes, empty, ``.`` or ``..``
     segments, NUL and other control characters, segments starting with ``.`` (reserved for
     trajtrack's temporary files and records), segments over 255 bytes, names over 4096 bytes.
+    With *new* (a name about to be written), also a name that is not valid Unicode text (a
+    lone surrogate): no storage can store it, and a reader lists what an operating system
+    gives, undecodable bytes included, which is why only writers ask.
     """
     # Checked before the cache: an unhashable name (a list) must not escape as a TypeError.
     # A str subclass (numpy.str_) is validated and returned as the plain str it holds.
@@ -54,7 +57,7 @@ def validate_name(name: object) -> str:
     # takes the full check (which also words the error).
     if plainly_valid(name):
         return name
-    return _validate_str(name)
+    return _validate_str(name, new)
 
 
 def plainly_valid(name: str) -> bool:
@@ -79,9 +82,13 @@ _PLAINLY_SAFE = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*").fullmatch
 
 
 @lru_cache(maxsize=4096)
-def _validate_str(name: str) -> str:
+def _validate_str(name: str, new: bool) -> str:
     if not name:
         raise InvalidNameError("dump name must not be empty")
+    if new and not _is_text(name):
+        raise InvalidNameError(
+            f"dump name {name!r} is not valid Unicode text (it holds a lone surrogate)"
+        )
     encoded = name.encode("utf-8", "surrogatepass")
     if len(encoded) > MAX_NAME_BYTES:
         raise InvalidNameError(f"dump name is {len(encoded)} bytes long; the limit is 4096")
@@ -94,6 +101,14 @@ def _validate_str(name: str) -> str:
     for part in name.split("/"):
         _check_component(name, part)
     return name
+
+
+def _is_text(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_component(name: str, part: str) -> None:

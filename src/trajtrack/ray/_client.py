@@ -145,7 +145,7 @@ def dump_data(data: Any, name: str, *, wait: bool | None = None) -> None:
     """
     if not is_enabled():
         return
-    validate_name(name)
+    validate_name(name, new=True)
     if wait is None:
         wait = not pipelined_by_default()
     if wait:

@@ -96,7 +96,7 @@ class Intake:
 
     def _path_for(self, name: str, who: WriterIdentity) -> str:
         # Validated again with the suffix: the stored file name must fit HDFS's 255 bytes.
-        return validate_name(render_name(self._template, name, who) + self._suffix)
+        return validate_name(render_name(self._template, name, who) + self._suffix, new=True)
 
 
 def make_job(name: str, path: str, payload: Payload) -> Job:
