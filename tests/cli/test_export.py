@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import tarfile
 import zlib
 from pathlib import Path
 
@@ -161,3 +163,24 @@ async def test_a_write_failure_part_way_raises_typed_and_records_what_was_writte
         listed = await copy.list()
     assert listed and all(i.recorded for i in listed)  # nothing left without a record
     assert {i.name.split("/")[0] for i in listed} == {"step0"}
+
+
+def test_a_hostile_name_in_a_warning_reaches_the_terminal_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The library's warnings quote run-supplied names; the CLI's log lines escape them, as
+    it escapes everything else it prints (SECURITY.md)."""
+    run, dest = tmp_path / "run", tmp_path / "dest"
+    shards = run / ".trajtrack" / "shards"
+    shards.mkdir(parents=True)
+    member = io.BytesIO()
+    torch.save(torch.arange(3.0), member)
+    with tarfile.open(shards / "w-000000.tar", "w", format=tarfile.PAX_FORMAT) as tar:
+        for name in ("a\x1b[2Jb.pth", "ok.pth"):  # unrecorded members: ESC [2J clears a screen
+            info = tarfile.TarInfo(name)
+            info.size = len(member.getvalue())
+            tar.addfile(info, io.BytesIO(member.getvalue()))
+    code, out, err = run_cli(capsys, "export", str(run), str(dest))
+    assert "\x1b" not in out + err
+    assert "not exported: a\\x1b[2Jb" in err, err
+    assert code == 1 and "exported 1 dump" in out, out

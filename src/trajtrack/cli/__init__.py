@@ -140,6 +140,15 @@ def main(
     return code
 
 
+class _PrintableFormatter(logging.Formatter):
+    """Each message line as :func:`printable` makes it: the library's warnings quote
+    run-supplied names (a dump ``export`` skipped, a report's tensor path), which must not
+    reach the terminal raw. A traceback (``-vv``) keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+
 def _configure_logging(verbosity: int, stream: TextIO) -> None:
     level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     logger = logging.getLogger("trajtrack")  # the package root: every module logs below it
@@ -149,7 +158,7 @@ def _configure_logging(verbosity: int, stream: TextIO) -> None:
             logger.removeHandler(handler)
     handler = logging.StreamHandler(stream)
     handler._trajtrack_cli = True  # type: ignore[attr-defined]
-    handler.setFormatter(logging.Formatter("trajtrack: %(levelname)s: %(message)s"))
+    handler.setFormatter(_PrintableFormatter("trajtrack: %(levelname)s: %(message)s"))
     handler.setLevel(level)
     logger.addHandler(handler)
     if logger.level == logging.NOTSET or logger.level > level:
