@@ -61,7 +61,12 @@ def _paired(
     """The members to compare, or ``None`` when the directories already differ (or are not
     a torch archive's, or claim more bytes than the files hold)."""
     infos_a, infos_b = zip_a.infolist(), zip_b.infolist()
-    if len(infos_a) != len(infos_b):
+    if len(infos_a) != len(infos_b) or not infos_a:
+        return None
+    if infos_a[0].header_offset or infos_b[0].header_offset:
+        # Bytes before the first record: ``zipfile`` skips them, torch reads them as its
+        # legacy format (see ``_torch_archive._check_start``), so the archives are not the
+        # dumps torch would load. Opening the first member checks its header's signature.
         return None
     pairs, has_id = [], False
     for x, y in zip(infos_a, infos_b, strict=True):

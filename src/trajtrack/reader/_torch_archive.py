@@ -1,9 +1,9 @@
 """torch's zip container and its pickle, checked before anything is unpickled.
 
 The archive layout ``torch.save`` writes, parsed from its end records and central directory
-(every offset and size bounds-checked), and the pickle's opcodes scanned: the checks of
-:mod:`trajtrack.reader._fast_load` that need no unpickler. Anything else raises
-:class:`Declined`.
+(every offset and size bounds-checked, the first record's header at the first byte), and the
+pickle's opcodes scanned: the checks of :mod:`trajtrack.reader._fast_load` that need no
+unpickler. Anything else raises :class:`Declined`.
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ def archive_records(data: bytes) -> tuple[dict[str, tuple[int, int]], str, int]:
 _Layout = tuple[dict[str, tuple[int, int]], str, int, tuple[int, int]]
 _LAYOUTS: Final[Remembered[_Layout]] = Remembered()
 """:func:`archive_records`' results by the bytes the parse read: the end records, each central
-directory entry but its CRC-32, each local header the checks open but its CRC-32, and the
-constant records' contents. Not the serialization id's digits (they change with every save:
-checked again at each match), nor the data, the pickle and the data descriptors after them."""
+directory entry but its CRC-32, each local header the checks open but its CRC-32, the first
+four bytes, and the constant records' contents. Not the serialization id's digits (they change
+with every save: checked again at each match), nor the data, the pickle and the data
+descriptors after them."""
 
 
 def _keep(kept: bytearray | None, start: int, end: int) -> None:
@@ -272,7 +273,22 @@ def _records(data: bytes, kept: bytearray | None) -> tuple[dict[str, tuple[int, 
         records[key] = (local, size)
     if len({key.lower() for key in records}) != len(records):
         raise Declined  # names that differ in case only (zip readers may match either)
+    _check_start(data, next(iter(records.values()))[0], kept)
     return records, cd_offset
+
+
+def _check_start(data: bytes, first_local: int, kept: bytearray | None) -> None:
+    """Decline unless *data* opens with a local header's signature, the first record's.
+
+    The end records say nothing of the start, but ``torch.load`` does: it takes bytes for its
+    zip format only if they start with that signature (``_is_zipfile``), and otherwise reads
+    them as its legacy pickle stream from the first byte, whatever archive follows. Its zip
+    reader then parses from the end, as here. ``torch.save`` puts the first record at offset
+    0: requiring that too leaves no bytes before the archive that no check has read. The
+    signature is marked in *kept*: a remembered verdict must not skip this check."""
+    _keep(kept, 0, 4)
+    if first_local or int.from_bytes(data[:4], "little") != _LOCAL_SIGNATURE:
+        raise Declined
 
 
 def _directory(data: bytes, kept: bytearray | None = None) -> tuple[int, int, int]:
