@@ -9,34 +9,65 @@ that form: ``torch.load(weights_only=True)`` once the three rebuild functions ar
 ``REDUCE``), and trajtrack's fast loader (:mod:`trajtrack.reader._fast_load`), which maps
 these names to the same functions. Each function checks what it is given and raises
 :class:`~trajtrack.rollout.BatchTypeError` (a ``TypeError``) for anything else, before any
-allocation sized by its input.
+allocation sized by its input. A record's state must be its class's own fields (every one
+without a default present, each of its declared type where that is a plain one):
+:class:`RecordStateError`, a ``BatchTypeError`` and a :class:`~trajtrack.DumpLoadError`,
+otherwise. Its attributes are what ``dataclasses`` and every walk over a loaded record read:
+a ``__dataclass_fields__`` among them would shadow the class's own field list.
 
 Dumps written before this form (``NEWOBJ`` + ``BUILD`` with numpy's reconstructors inside)
-still load: the classes keep their ``__setstate__``, and trajtrack's loader sends them to
-torch with the allow-list.
+still load: trajtrack's loader sends them to torch with the allow-list, whose ``BUILD`` calls
+the classes' ``__setstate__`` (:func:`restore_state`: the same checks).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import numbers
+import types
+import typing
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
+from trajtrack._exceptions import DumpLoadError
+
 from ._batch import RolloutBatch
 from ._errors import BatchTypeError
 from ._samples import RolloutSample, ValidateMetrics
 
-__all__ = ["REBUILDS", "rebuild_batch", "rebuild_metrics", "rebuild_sample"]
+__all__ = ["REBUILDS", "RecordStateError", "rebuild_batch", "rebuild_metrics", "rebuild_sample"]
 
 # numpy dtypes that travel as a tensor of the same dtype (torch.from_numpy / Tensor.numpy).
 _AS_TENSOR = frozenset(
     np.dtype(code) for code in ("?", "b", "h", "i", "l", "q", "B", "e", "f", "d", "F", "D")
 )
 
+# What a field declared as one of these plain types may hold once loaded (numpy scalars, an
+# array or tensor for a list of numbers: what a rollouter plausibly stored there).
+_PLAIN_TYPES: dict[Any, tuple[type, ...]] = {
+    str: (str,),
+    int: (numbers.Integral,),
+    float: (numbers.Real,),
+    type(None): (type(None),),
+    list: (list, tuple, np.ndarray, torch.Tensor),
+    dict: (Mapping,),
+}
 
-def reduce_record(obj: RolloutSample | ValidateMetrics) -> tuple[Any, tuple[Any, ...]]:
+
+class RecordStateError(BatchTypeError, DumpLoadError):
+    """A pickled record's state is not its class's fields.
+
+    A :class:`~trajtrack.rollout.BatchTypeError`, as every rebuild here raises, and a
+    :class:`~trajtrack.DumpLoadError`, as the reader's callers expect of a dump it cannot load.
+    """
+
+
+def reduce_record(obj: Any) -> tuple[Any, tuple[Any, ...]]:
     """``__reduce__`` of a :class:`RolloutSample` or :class:`ValidateMetrics`."""
     rebuild = rebuild_sample if type(obj) is RolloutSample else rebuild_metrics
     return rebuild, (dict(vars(obj)),)
@@ -79,11 +110,73 @@ R = TypeVar("R", RolloutSample, ValidateMetrics)
 
 
 def _with_state(cls: type[R], state: Any) -> R:
+    return cls(**checked_state(cls, state))
+
+
+def restore_state(obj: Any, state: Any) -> None:
+    """The ``BUILD`` of a dump written before the rebuild form (*obj* a
+    :class:`RolloutSample` or :class:`ValidateMetrics`): *state* checked as
+    :func:`checked_state` checks it, the fields it leaves out at their defaults."""
+    built = rebuild_sample(state) if type(obj) is RolloutSample else rebuild_metrics(state)
+    vars(obj).update(vars(built))
+
+
+def checked_state(cls: type, state: Any) -> dict[str, Any]:
+    """*state*, the attributes of a pickled dataclass *cls*, once checked to be its fields.
+
+    Raises:
+        RecordStateError: Not a dict of str keys, a key that is not a field of *cls*, a field
+            without a default missing, or a value not of its field's plain declared type.
+    """
+    name = cls.__name__
     if type(state) is not dict or not all(type(key) is str for key in state):
-        raise BatchTypeError(f"a pickled {cls.__name__} needs a dict of attributes")
-    obj = object.__new__(cls)
-    vars(obj).update(state)
-    return obj
+        raise RecordStateError(f"a pickled {name} needs a dict of attributes")
+    accepted, required = _field_types(cls)
+    unknown = [key for key in state if key not in accepted]
+    if unknown:
+        raise RecordStateError(f"refusing a pickled {name}: unknown field(s) {_few(unknown)}")
+    missing = [key for key in required if key not in state]
+    if missing:
+        raise RecordStateError(f"refusing a pickled {name}: missing field(s) {_few(missing)}")
+    for key, value in state.items():
+        if accepted[key] and not isinstance(value, accepted[key]):
+            kind = type(value).__name__
+            raise RecordStateError(f"refusing a pickled {name}: field {key!r} holds a {kind}")
+    return state
+
+
+@functools.cache
+def _field_types(cls: type) -> tuple[dict[str, tuple[type, ...]], tuple[str, ...]]:
+    """Each field of dataclass *cls* with the types it may hold (``()``: any), and the names
+    of those without a default. Read from the class: an instance's own attributes could
+    shadow its field list."""
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)
+    required = tuple(
+        f.name
+        for f in fields
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+    return {f.name: _plain_types(hints[f.name]) for f in fields}, required
+
+
+def _plain_types(hint: Any) -> tuple[type, ...]:
+    """What a field declared *hint* may hold; ``()`` unless every part of it is plain."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    parts = typing.get_args(hint) if union else (hint,)
+    accepted: list[type] = []
+    for part in parts:
+        plain = _PLAIN_TYPES.get(typing.get_origin(part) or part)
+        if plain is None:  # Any, or a type this check does not judge
+            return ()
+        accepted.extend(plain)
+    return tuple(accepted)
+
+
+def _few(names: list[str]) -> str:
+    """Up to 5 names, each cut to 40 characters: they come from the file."""
+    shown = ", ".join(repr(name[:40]) for name in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def _column(array: np.ndarray[Any, Any]) -> tuple[Any, ...]:

@@ -18,8 +18,32 @@ from ._equality import values_equal
 __all__ = ["RolloutSample", "ValidateMetrics"]
 
 
+class _Record:
+    """What both records share: deep ``==``, no hash, and their pickled form both ways."""
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return _fields_equal(self, other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the generated dataclass
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        from ._pickling import reduce_record  # (it imports this module)
+
+        return reduce_record(self)
+
+    def __setstate__(self, state: Any) -> None:
+        """The state of a dump written before the rebuild form (``NEWOBJ`` + ``BUILD``, which
+        ``torch.load`` and the load worker apply): checked like a rebuild's, never copied
+        into the object as it is."""
+        from ._pickling import restore_state
+
+        restore_state(self, state)
+
+
 @dataclasses.dataclass(eq=False)
-class RolloutSample:
+class RolloutSample(_Record):
     """One prompt's rollout: its generated batch plus bookkeeping.
 
     Field order follows verl's Jan-2026 ``RolloutSample``, so positional construction as
@@ -55,21 +79,9 @@ class RolloutSample:
     param_version_end: list[int] = dataclasses.field(default_factory=list)
     rollout_status: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return _fields_equal(self, other)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the generated dataclass
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        from ._pickling import reduce_record  # (it imports this module)
-
-        return reduce_record(self)
-
 
 @dataclasses.dataclass(eq=False)
-class ValidateMetrics:
+class ValidateMetrics(_Record):
     """Validation results sent from the rollouter to the trainer.
 
     Attributes:
@@ -83,18 +95,6 @@ class ValidateMetrics:
     metrics: dict[str, Any] | None = None
     global_steps: int | None = None
     param_version: int | None = None
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return _fields_equal(self, other)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the generated dataclass
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        from ._pickling import reduce_record  # (it imports this module)
-
-        return reduce_record(self)
 
 
 def _fields_equal(a: Any, b: Any) -> bool:
