@@ -31,7 +31,7 @@ from trajtrack.layouts.names import WriterIdentity
 from trajtrack.tracker._files import FilesLayout
 from trajtrack.tracker._layouts import NOT_STARTED, LayoutOptions, existing_paths
 from trajtrack.tracker._ledger import Ledger
-from trajtrack.tracker._queue import PendingQueue
+from trajtrack.tracker._queue import Job, PendingQueue
 from trajtrack.tracker._recorder import Recorder
 from trajtrack.tracker._shards import ShardsLayout
 from trajtrack.tracker._stats import TrackerStatistics, statistics_of
@@ -121,6 +121,9 @@ class Runner:
         self._close_done: anyio.Event | None = None
         self._fatal: BaseException | None = None
         self._start_done: anyio.Event | None = None  # admit_early(): set when start() ends
+        self._closing: asyncio.Task[None] | None = None  # close(): the one task that closes
+        self._drain_scope: anyio.CancelScope | None = None  # close(): the drain's wait
+        self._give_up = False  # close() was cancelled without a budget: stop draining
 
     # ------------------------------------------------------------------ parts
 
@@ -296,6 +299,18 @@ class Runner:
         if count:
             logger.error("%d pending dumps of %s were not written", count, self._url)
 
+    def fail_if_failed(self, job: Job) -> None:
+        """Fail *job*, just admitted from a thread other than the loop's, if the tracker has
+        failed: its crash may have drained the job from the queue before the ledger held it,
+        and then nothing else would settle it. (A crash after the ledger held it settles it
+        itself; a future settles once.)"""
+        if self._fatal is None or job.future.done():
+            return
+        if job.future.settle(error=self._failed_error()):
+            with self._ledger.counters.lock:
+                self._ledger.counters.failed += 1
+        self._ledger.settle(job.future)  # forget it (already settled: nothing changes)
+
     def _failed_error(self) -> TrackerFailedError:
         cause = self._fatal
         assert cause is not None
@@ -306,50 +321,108 @@ class Runner:
     # ------------------------------------------------------------------ flush
 
     async def flush(self, timeout: float | None) -> None:
-        """Wait for every dump admitted so far, write the record, raise the first failure."""
+        """Wait for every dump admitted so far, write the record, raise the first failure.
+
+        The waiting runs as a task given up on past *timeout*, the way :meth:`close` bounds
+        its steps, but abandoned rather than cancelled: a shard's upload or the record write
+        blocked in a storage thread cannot be interrupted, and when it returns it must still
+        settle its dumps (or keep the records for the next segment).
+        """
         if self.state is TrackerState.CLOSED:
             raise TrackerClosedError("cannot flush: the tracker is closed")
         self.check_running("flush")
         waiting = self._ledger.outstanding()
-        with anyio.move_on_after(timeout) as scope:
-            if self._start_done is not None:  # queued while the storage starts: wait for it
-                await self._start_done.wait()
-                self.check_running("flush")  # the start failed: say so
-            assert self._recorder is not None
-            await self._layout.seal_after(waiting)
-            await wait_all([job.future for job in waiting])
-            if self._fatal is not None:
-                raise self._failed_error()
-            await self._recorder.write()
-        if scope.cancelled_caught:
+        step = ["waiting for the storage to start"]  # what the flush is at, for the message
+        if not await finished_within(self._flush(waiting, step), timeout, abandon=True):
             left = sum(not job.future.done() for job in waiting)
             raise TimeoutError(
-                f"flush of {self._url} timed out after {timeout} s: {left} of the "
-                f"{len(waiting)} dumps it waited for are still pending"
-                + ("" if left else " (the record was being written)")
+                f"flush of {self._url} timed out after {timeout} s while {step[0]}: "
+                f"{left} of the {len(waiting)} dumps it waited for are still pending"
             )
         failure = self._ledger.take_failure()
         if failure is not None:
             raise failure
 
+    async def _flush(self, waiting: list[Job], step: list[str]) -> None:
+        if self._start_done is not None:  # queued while the storage starts: wait for it
+            await self._start_done.wait()
+            self.check_running("flush")  # the start failed: say so
+        assert self._recorder is not None
+        if self.layout == "shards":
+            step[0] = "sealing and uploading the open shard"
+        await self._layout.seal_after(waiting)
+        step[0] = "waiting for their writes"
+        await wait_all([job.future for job in waiting])
+        if self._fatal is not None:
+            raise self._failed_error()
+        step[0] = "writing the record segment"
+        await self._recorder.write()
+
     # ------------------------------------------------------------------ close
 
     async def close(self, timeout: float | None) -> None:
-        """Drain (under *timeout*), seal, record, release the storage; raise what failed."""
+        """Drain (under *timeout*), seal, record, release the storage; raise what failed.
+
+        The work runs as one task, so that it is neither cut short nor done twice: a caller
+        that is cancelled meanwhile still waits (shielded) for it to end within its bounds,
+        then the cancellation goes on; a close that finds another one under way waits for it
+        under its own *timeout* and raises what that one raised.
+        """
         assert self._close_done is not None
         assert self._stop_ticker is not None
         if self._start_done is not None and not await self._started_within(timeout):
             return
+        if self._closing is not None:
+            if not self._closing.done():  # a concurrent close does the work
+                await self._join_close(self._closing, timeout)
+            return  # an earlier close did it, and raised its outcome to its caller
         if self.state not in (TrackerState.RUNNING, TrackerState.FAILED):
-            await self._close_done.wait()  # a concurrent or earlier close did the work
-            return
+            return  # closed while it was starting
         if self.state is TrackerState.RUNNING:
             self.state = TrackerState.CLOSING
         self.queue.close()
         self._stop_ticker.set()  # the task group ends when the workers and the ticker have
+        closing = asyncio.get_running_loop().create_task(
+            self._close(timeout), name=f"trajtrack-close:{self._url}"
+        )
+        closing.add_done_callback(retrieve)
+        self._closing = closing
+        try:
+            await finished_within(closing, None, abandon=True)  # bounded by *timeout* itself
+        except anyio.get_cancelled_exc_class():
+            # Cancelled (an outer timeout, a task group): finish the bounded work first, or
+            # the record and the storage's release are skipped. Without a budget the drain is
+            # cut short now; then only the steps' grace periods remain.
+            if timeout is None:
+                self._cut_short()
+            with anyio.CancelScope(shield=True):
+                await finished_within(closing, self._close_bound(timeout), abandon=True)
+            raise
+
+    async def _join_close(self, closing: asyncio.Task[None], timeout: float | None) -> None:
+        if not await finished_within(closing, timeout, abandon=True):
+            raise TimeoutError(
+                f"closing {self._url}: the close already under way did not finish "
+                f"within {timeout} s"
+            )
+
+    def _close_bound(self, timeout: float | None) -> float:
+        # The drain's budget (when it has one), then at most one grace period for the workers
+        # and for each step of _finish (a few are added for the steps' own overheads).
+        return (0.0 if timeout is None else timeout) + 8 * _GRACE
+
+    def _cut_short(self) -> None:
+        self._give_up = True
+        if self._drain_scope is not None:
+            self._drain_scope.cancel()
+
+    async def _close(self, timeout: float | None) -> None:
+        assert self._close_done is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             unfinished = await self._drain(timeout)
+            if self._give_up:
+                deadline = time.monotonic()  # cancelled: each step only gets its grace
             await self._finish(deadline, seal=not unfinished and self._fatal is None)
         finally:
             self.state = TrackerState.CLOSED
@@ -358,7 +431,8 @@ class Runner:
             raise self._failed_error()
         if unfinished:
             raise TimeoutError(
-                f"closing {self._url}: {unfinished} dumps were not written within {timeout} s"
+                f"closing {self._url}: {unfinished} dumps were not written "
+                + ("before the close was cancelled" if self._give_up else f"within {timeout} s")
             )
         failure = self._ledger.take_failure()
         if failure is not None:
@@ -392,8 +466,12 @@ class Runner:
 
     async def _drain(self, timeout: float | None) -> int:
         assert self._finished is not None
-        with anyio.move_on_after(timeout):
+        with anyio.move_on_after(timeout) as scope:
+            self._drain_scope = scope
+            if self._give_up:
+                scope.cancel()
             await self._finished.wait()
+        self._drain_scope = None
         if self._finished.is_set():
             return 0
         abandoned = self.queue.drain_queued()
@@ -407,7 +485,12 @@ class Runner:
             await self._finished.wait()
         in_flight = self._ledger.settle_all(_not_written)
         count = len(abandoned) + in_flight
-        logger.error("closing %s: %d dumps were not written within %s s", self._url, count, timeout)
+        logger.error(
+            "closing %s: %d dumps were not written %s",
+            self._url,
+            count,
+            "before the close was cancelled" if self._give_up else f"within {timeout} s",
+        )
         return count
 
     async def _finish(self, deadline: float | None, *, seal: bool) -> None:

@@ -364,7 +364,11 @@ class Tracker(Intake):
         job = make_job(name, path, self._snapshots.take_here(obj))
         deadline = None if timeout is None else time.monotonic() + timeout
         self._runner.queue.put_blocking(job, self._policy, deadline)
-        return self._ledger.admitted(job)
+        handle = self._ledger.admitted(job)
+        # Not on the loop: the tracker may have failed between the two calls, and its crash
+        # then drained this job before the ledger knew of it.
+        self._runner.fail_if_failed(job)
+        return handle
 
     # ------------------------------------------------------------------ flush, statistics
 

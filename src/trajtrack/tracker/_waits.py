@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Coroutine
 from typing import Any
 
+from trajtrack._exceptions import TrajtrackError
 from trajtrack.tracker._future import DumpFuture, on_loop
 
 __all__ = ["finished_within", "retrieve", "wait_all"]
+
+logger = logging.getLogger(__name__)
 
 
 def retrieve(task: asyncio.Task[None]) -> None:
@@ -19,15 +23,48 @@ def retrieve(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
-async def finished_within(coro: Coroutine[Any, Any, None], seconds: float) -> bool:
-    """Run *coro* for at most *seconds*; past that, cancel it without waiting for it."""
-    task = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait({task}, timeout=seconds)
+async def finished_within(
+    work: Coroutine[Any, Any, None] | asyncio.Future[None],
+    seconds: float | None,
+    *,
+    abandon: bool = False,
+) -> bool:
+    """Run *work* (a coroutine, or a task already running) for at most *seconds* (``None``: no
+    limit); whether it finished in time (its error is raised).
+
+    Past the limit it is cancelled without waiting for it (that takes effect when a blocked
+    thread of it returns, if ever) -- or, with *abandon*, left to run to its end: for work
+    that must not be cut off halfway (a shard's upload settles its dumps when it returns), or
+    that others wait for too. If the caller is cancelled, so is *work* (unless *abandon*).
+    A failure of work that was given up on is logged, not lost.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except BaseException:
+        _give_up(task, abandon)
+        raise
     if not done:
-        task.cancel()  # takes effect when its blocked thread returns, if ever
+        _give_up(task, abandon)
         return False
     task.result()  # re-raise its error
     return True
+
+
+def _give_up(task: asyncio.Future[None], abandon: bool) -> None:
+    if not abandon:
+        task.cancel()
+    task.add_done_callback(_log_late_failure)
+
+
+def _log_late_failure(task: asyncio.Future[None]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None and not isinstance(error, TrajtrackError | TimeoutError):
+        logger.error("work abandoned past its deadline failed later: %r", error, exc_info=error)
+    elif error is not None:
+        logger.warning("work abandoned past its deadline failed later: %s", error)
 
 
 async def wait_all(futures: list[DumpFuture]) -> None:
