@@ -19,7 +19,7 @@ import functools
 
 import anyio
 
-from trajtrack._exceptions import StorageError
+from trajtrack._exceptions import DumpExistsError, StorageError
 from trajtrack._retry import RetryPolicy, retry_async
 from trajtrack.backends import Storage, WriteResult
 from trajtrack.tracker._payloads import FilePayload, release_spool
@@ -42,15 +42,24 @@ class FilesLayout:
         outcomes: Where each dump's outcome goes.
         retry: Retries of transient storage failures.
         overwrite: Replace an existing file of the same name (else ``DumpExistsError``).
+        in_shards: Without *overwrite*: the paths the destination holds in shards, refused
+            too (the atomic publish only finds files taken).
     """
 
     def __init__(
-        self, storage: Storage, outcomes: Outcomes, *, retry: RetryPolicy, overwrite: bool
+        self,
+        storage: Storage,
+        outcomes: Outcomes,
+        *,
+        retry: RetryPolicy,
+        overwrite: bool,
+        in_shards: frozenset[str] = frozenset(),
     ) -> None:
         self._storage = storage
         self._outcomes = outcomes
         self._retry = retry
         self._overwrite = overwrite
+        self._in_shards = in_shards
 
     def start(self, spawn: Spawn, queue: PendingQueue, workers: int, stop: anyio.Event) -> None:
         for _ in range(workers):  # each file its own write: uploads in parallel
@@ -58,10 +67,23 @@ class FilesLayout:
 
     async def _worker(self, queue: PendingQueue) -> None:
         while jobs := await queue.get_batch(BATCH_ITEMS, BATCH_BYTES):
+            if self._in_shards:
+                jobs = await self._refuse_sharded(jobs)
             if len(jobs) == 1:
                 await self.write(jobs[0])
-            else:
+            elif jobs:
                 await self._write_batch(jobs)
+
+    async def _refuse_sharded(self, jobs: list[Job]) -> list[Job]:
+        """Fail the jobs whose path a shard holds; the others, to write."""
+        kept = []
+        for job in jobs:
+            if job.path in self._in_shards:
+                await _release_spool(job)
+                self._outcomes.failed(job, DumpExistsError(f"{job.path} {_IN_A_SHARD}"))
+            else:
+                kept.append(job)
+        return kept
 
     async def _write_batch(self, jobs: list[Job]) -> None:
         items = [(job.path, job.payload) for job in jobs]
@@ -119,6 +141,11 @@ class FilesLayout:
 
     async def aclose(self) -> None:
         return None
+
+
+_IN_A_SHARD = (
+    "exists in a shard of the destination (existing-name policy 'error'); nothing was written"
+)
 
 
 async def _release_spool(job: Job) -> None:

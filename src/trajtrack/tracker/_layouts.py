@@ -1,4 +1,5 @@
-"""The layout options of a tracker, and what the shards layout needs to know at start."""
+"""The layout options of a tracker, and the dump paths a destination already has (what
+``on_exists="error"`` refuses)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Any, Literal
 import anyio
 
 from trajtrack._exceptions import ConfigurationError, StorageNotFoundError, TrackerStateError
-from trajtrack.backends import Storage
-from trajtrack.layouts.names import is_internal_path, parse_temp_path
-from trajtrack.layouts.records import RECORDS_PREFIX, decode_segment
+from trajtrack.backends import FileInfo, Storage
+from trajtrack.layouts.names import RECORDS_DIR, is_internal_path, parse_temp_path
+from trajtrack.layouts.records import RECORDS_PREFIX, DumpRecord, decode_segment
+from trajtrack.layouts.shards import Member, ShardHeaderError, index_members, is_shard_path
 from trajtrack.tracker._queue import PendingQueue
 from trajtrack.tracker._worker import Spawn
 
@@ -22,6 +24,7 @@ __all__ = [
     "NOT_STARTED",
     "LayoutOptions",
     "existing_paths",
+    "sharded_paths",
 ]
 
 LayoutName = Literal["files", "shards"]
@@ -82,19 +85,77 @@ NOT_STARTED = _NotStarted()
 
 
 async def existing_paths(storage: Storage) -> set[str]:
-    """The dump paths the destination already has: its record, and files in no record.
+    """The dump paths the destination already has: files in no record, recorded dumps, and
+    the members of shards no record names (a crash between a shard's rename and its record;
+    the reader lists them from their tar headers).
 
     What ``on_exists="error"`` refuses in a sharded run. A snapshot taken at start: a writer
     running at the same time on the same destination is not seen (see docs).
     """
-    paths = set()
-    for info in await storage.list(""):
-        if not is_internal_path(info.path):
-            paths.add(info.path)
-        elif info.path.startswith(RECORDS_PREFIX + "/") and parse_temp_path(info.path) is None:
-            try:
-                records, _bad = decode_segment(await storage.read(info.path))
-            except StorageNotFoundError:
-                continue
-            paths.update(record.path for record in records)
+    listed = await _listed(storage, "")
+    paths = {info.path for info in listed if not is_internal_path(info.path)}
+    return paths | await _stored_in_run(storage, listed, shards_only=False)
+
+
+async def sharded_paths(storage: Storage) -> set[str]:
+    """The dump paths the destination holds in shards, recorded or not.
+
+    What ``on_exists="error"`` refuses in a files-layout run besides the files its atomic
+    publish finds taken: the layouts may be mixed in one destination, and the reader would
+    show a new file in place of the shard member of the same path.
+    """
+    listed = await _listed(storage, RECORDS_DIR)
+    return await _stored_in_run(storage, listed, shards_only=True)
+
+
+async def _listed(storage: Storage, prefix: str) -> list[FileInfo]:
+    try:
+        return await storage.list(prefix)
+    except StorageNotFoundError:  # a new destination
+        return []
+
+
+async def _stored_in_run(
+    storage: Storage, listed: list[FileInfo], *, shards_only: bool
+) -> set[str]:
+    """The paths the records of *listed* name (with *shards_only*, those in a shard), and the
+    members of the listed shards no record names."""
+    paths: set[str] = set()
+    recorded_shards: set[str | None] = set()
+    shards: dict[str, int] = {}
+    for info in listed:
+        if parse_temp_path(info.path) is not None:
+            continue
+        if info.path.startswith(RECORDS_PREFIX + "/"):
+            for record in await _records(storage, info.path):
+                recorded_shards.add(record.shard)
+                if record.shard is not None or not shards_only:
+                    paths.add(record.path)
+        elif is_shard_path(info.path):
+            shards[info.path] = info.size
+    for path, size in shards.items():
+        if path not in recorded_shards:
+            paths.update(member.name for member in await _members(storage, path, size))
     return paths
+
+
+async def _records(storage: Storage, path: str) -> list[DumpRecord]:
+    try:
+        records, _bad = decode_segment(await storage.read(path))
+    except StorageNotFoundError:
+        return []
+    return records
+
+
+async def _members(storage: Storage, path: str, size: int) -> list[Member]:
+    """The members of the shard at *path*, from its tar headers (ranged reads, in a thread)."""
+
+    def read(offset: int, length: int) -> bytes:
+        return anyio.from_thread.run(storage.read_range, path, offset, length)
+
+    try:
+        return await anyio.to_thread.run_sync(index_members, read, size)
+    except StorageNotFoundError:
+        return []
+    except ShardHeaderError as exc:  # the members before the damaged header
+        return exc.members

@@ -29,7 +29,12 @@ from trajtrack._retry import RetryPolicy
 from trajtrack.backends import Storage
 from trajtrack.layouts.names import WriterIdentity
 from trajtrack.tracker._files import FilesLayout
-from trajtrack.tracker._layouts import NOT_STARTED, LayoutOptions, existing_paths
+from trajtrack.tracker._layouts import (
+    NOT_STARTED,
+    LayoutOptions,
+    existing_paths,
+    sharded_paths,
+)
 from trajtrack.tracker._ledger import Ledger
 from trajtrack.tracker._queue import Job, PendingQueue
 from trajtrack.tracker._recorder import Recorder
@@ -231,8 +236,13 @@ class Runner:
     async def _make_layout(self, storage: Storage, outcomes: Outcomes, spool: str) -> Layout:
         options = self._config.layout
         if options.kind == "files":
+            overwrite = self._config.overwrite
             return FilesLayout(
-                storage, outcomes, retry=self._config.retry, overwrite=self._config.overwrite
+                storage,
+                outcomes,
+                retry=self._config.retry,
+                overwrite=overwrite,
+                in_shards=frozenset() if overwrite else frozenset(await sharded_paths(storage)),
             )
         return ShardsLayout(
             storage,
