@@ -1,9 +1,10 @@
 """The ``trajtrack`` command: ``ls``, ``show``, ``diff``, ``verify``, ``export`` and ``demo``.
 
-Exit codes (all commands): 0 success; 1 the answer is "no" (``diff``: the runs differ,
-``verify``: problems found); 2 usage error, unreadable storage or undeserializable dump;
-130 interrupted. Results go to stdout (``--json`` for scripts), messages and progress bars to
-stderr.
+Exit codes (all commands): 0 success; 1 the answer is "no" (``diff``: the runs differ, or
+there was nothing to compare; ``verify``: problems found, or nothing to verify); 2 usage
+error, unreadable storage or undeserializable dump; 130 interrupted; 141 stdout closed by its
+reader (``| head``). Results go to stdout (``--json`` for scripts), messages and progress bars
+to stderr.
 
 Read the modules in this order::
 
@@ -23,8 +24,10 @@ Read the modules in this order::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -32,7 +35,14 @@ from typing import TextIO
 from trajtrack._exceptions import TrajtrackError
 from trajtrack.cli import _parsers
 from trajtrack.cli._collector import collected_every
-from trajtrack.cli._common import EXIT_ERROR, SUMMARIES, Streams, printable
+from trajtrack.cli._common import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OUTPUT_CLOSED,
+    SUMMARIES,
+    Streams,
+    printable,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -44,9 +54,11 @@ _LIGHT_PARSERS = ("show", "diff", "demo")  # parsers in trajtrack.cli._parsers
 _EPILOG = """\
 exit codes:
   0    success (diff: equal within tolerance; verify: no problem)
-  1    diff: the runs differ; verify: problems found; export: dumps skipped
+  1    diff: the runs differ, or no dumps to compare; verify: problems found, or
+       no dumps to verify; export: dumps skipped
   2    usage error, unreadable storage, or a dump that cannot be loaded
-  130  interrupted
+  130  interrupted (Ctrl-C)
+  141  stdout closed early by its reader (trajtrack ls RUN | head -1), as git does
 
 URLs: a local path, file://PATH, memory://STORE/PATH, webhdfs://HOST:PORT/PATH,
 swebhdfs://..., hdfs://NAMESERVICE/PATH (resolved through HADOOP_CONF_DIR).
@@ -103,13 +115,31 @@ def main(
     process-wide one (:func:`trajtrack.reader.allow_in_this_process`), so that dumps load in
     the process, in parallel, and sets torch's intra-op threads to one.
 
+    Ctrl-C at any moment (parsing, importing torch, running) ends it with ``trajtrack:
+    interrupted`` and 130; stdout closed by its reader (``trajtrack ls RUN | head -1``) ends it
+    quietly with 141 (128 + SIGPIPE, what a shell reports for git or coreutils there: never 0,
+    which would read as "equal" from ``diff``).
+
     Args:
         argv: Arguments without the program name (default: ``sys.argv[1:]``).
         stdout: Where results go (default: ``sys.stdout`` at call time).
         stderr: Where messages and progress bars go (default: ``sys.stderr``).
     """
     streams = Streams(stdout or sys.stdout, stderr or sys.stderr)
-    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        code = _main(sys.argv[1:] if argv is None else list(argv), streams)
+        streams.out.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            streams.note("trajtrack: interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout (or stderr) closed by its reader: no more to say
+        _output_closed(streams)
+        return EXIT_OUTPUT_CLOSED
+    return code
+
+
+def _main(argv: list[str], streams: Streams) -> int:
     parser = _parser([arg for arg in argv if arg in _COMMANDS])  # the command's own, only
     try:
         args = parser.parse_args(argv)
@@ -131,13 +161,30 @@ def main(
     try:
         with collected_every():  # not every 700 allocations (see trajtrack.cli._collector)
             code: int = anyio.run(args.handler, args, streams)
-    except KeyboardInterrupt:
-        streams.note("trajtrack: interrupted")
-        return 130
+    except BrokenPipeError:
+        raise  # not the command's error: main() ends quietly
     except (TrajtrackError, OSError) as exc:
         streams.note(printable(f"trajtrack {args.command}: error: {exc}"))
         return EXIT_ERROR
     return code
+
+
+def _output_closed(streams: Streams) -> None:
+    """Point the closed standard streams at ``/dev/null``: Python flushes them as it exits,
+    which would fail again, print "Exception ignored" and exit 120 (the recipe of the
+    ``signal`` module's docs, "Note on SIGPIPE")."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not streams.out and stream is not streams.err:
+            continue  # a caller's own stream (tests): its file descriptor is not ours
+        try:
+            fd = stream.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+        except (OSError, ValueError):  # no file descriptor (io.UnsupportedOperation)
+            continue
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
 
 
 class _PrintableFormatter(logging.Formatter):

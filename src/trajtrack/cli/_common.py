@@ -15,7 +15,9 @@ from trajtrack._progress import Progress
 __all__ = [
     "EXIT_DIFFERENT",
     "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_OUTPUT_CLOSED",
     "SUMMARIES",
     "Streams",
     "add_output_options",
@@ -39,6 +41,8 @@ SUMMARIES = {
 EXIT_OK = 0
 EXIT_DIFFERENT = 1  # diff: the runs differ; verify: problems found
 EXIT_ERROR = 2  # usage error, unreadable storage, undeserializable dump
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports a process it killed)
+EXIT_OUTPUT_CLOSED = 141  # stdout closed early (`| head`): 128 + SIGPIPE, as git and coreutils
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,14 +7,24 @@ assembled into a training batch (also dumped) and the step's metrics aggregated.
 the same seeds, except that run B perturbs one element of one tensor in one sample, so the
 ``diff`` that follows must point at exactly that dump, key and index. The diff's HTML report
 goes to ``DIR/diff-report.html`` (for a remote DIR: ``./trajtrack-demo-diff-report.html``).
+
+What it replaces when run again: only what it wrote itself. Each run it wrote carries
+:data:`DEMO_MARKER`, which lists every entry of the run once it is complete; a run folder
+holding anything else (a file, a link, an empty folder of the user's), an unfinished demo run
+or a run of the user's is refused. Its report is marked ``trajtrack demo`` in the page (see
+:func:`trajtrack.reader._html.report_generator`); any other file at that path is refused. All
+of it is checked before anything is deleted or written.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import shutil
+import json
+import os
+import stat
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +35,16 @@ import torch
 
 import trajtrack.cli.diff as diff_command
 import trajtrack.cli.ls as ls_command
-from trajtrack._exceptions import ConfigurationError, MissingDependencyError
+from trajtrack._exceptions import (
+    ConfigurationError,
+    MissingDependencyError,
+    StorageNotFoundError,
+)
 from trajtrack.backends import BytesPayload, open_storage, scheme_of
 from trajtrack.backends.local import LocalStorage
 from trajtrack.cli._common import EXIT_DIFFERENT, EXIT_OK, Streams, format_size
 from trajtrack.cli._parsers import DEMO_MARKER, DemoConfig
+from trajtrack.reader import check_report_target
 from trajtrack.rollout import (
     MetricsAggregator,
     RolloutBatch,
@@ -39,7 +54,13 @@ from trajtrack.rollout import (
 )
 from trajtrack.tracker import Tracker, TrackerStatistics
 
-__all__ = ["DEMO_MARKER", "DemoConfig", "run", "simulate_run"]
+__all__ = ["DEMO_GENERATOR", "DEMO_MARKER", "DemoConfig", "run", "simulate_run"]
+
+DEMO_GENERATOR = "trajtrack demo"
+"""The generator its report names: the only report at its path that a rerun replaces."""
+_MARKER_TEXT = "written by `trajtrack demo`: a rerun replaces this run if it holds nothing else"
+_MAX_MARKER = 16 << 20  # a marker larger than this is not the demo's
+_RUN_DIR = DEMO_MARKER.partition("/")[0]  # a run's own folder, .trajtrack: a run has one
 
 _PROMPT_LEN = 16
 _RESPONSE_LEN = 24
@@ -59,8 +80,13 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
         raise ConfigurationError("the demo needs --steps >= 1, --prompts >= 1 and --n >= 2")
     base = args.dest.rstrip("/") or args.dest
     url_a, url_b = f"{base}/run_a", f"{base}/run_b"
-    for url in (url_a, url_b):
-        await _claim(url)
+    report = _report_path(base)
+    # Everything is checked before anything is deleted or written: a refusal changes nothing.
+    await _check_not_in_a_run(base)
+    claims = [await _check_claim(url) for url in (url_a, url_b)]
+    await anyio.to_thread.run_sync(_check_report, report)
+    for claim in claims:
+        await claim.take()
     target = f"step{config.perturb_step}/sample{config.perturb_prompt}"
     streams.line(
         f"Simulating 2 runs of an async rollouter: {config.steps} steps x {config.prompts} "
@@ -70,6 +96,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     for label, url, perturb in (("A", url_a, False), ("B", url_b, True)):
         started = time.perf_counter()
         stats = await simulate_run(url, config, perturb=perturb)
+        await _seal(url)
         elapsed = time.perf_counter() - started
         streams.line(f"  run {label}: {url}  {_stats_line(stats)}  ({elapsed:.2f} s)")
     glob = f"step{config.perturb_step}/*"
@@ -77,7 +104,6 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     streams.line(f"$ trajtrack ls {url_b} --glob '{glob}'")
     await ls_command.run(argparse.Namespace(url=url_b, glob=glob, json=False), streams)
     streams.line("")
-    report = _report_path(base)
     streams.line(f"$ trajtrack diff {url_a} {url_b} --html {report}")
     code, first = await _diff(url_a, url_b, streams, report)
     streams.line(f"(exit code {code})")
@@ -96,7 +122,9 @@ async def _diff(url_a: str, url_b: str, streams: Streams, report: Path) -> tuple
         for line in diff_command.render(result, max_dumps=5, per_dump=3):
             streams.line(line)
         try:
-            await write_diff_report(result, report, run_a=run_a, run_b=run_b)
+            await write_diff_report(
+                result, report, run_a=run_a, run_b=run_b, generator=DEMO_GENERATOR
+            )
         except MissingDependencyError as exc:  # the demo runs without the report extra too
             streams.line(f"(no HTML report: {exc})")
         else:
@@ -112,6 +140,12 @@ def _report_path(base: str) -> Path:
     if base.startswith("file://"):
         return LocalStorage(base).root / "diff-report.html"  # its parsing of file:// URLs
     return Path(base).expanduser() / "diff-report.html"
+
+
+def _check_report(report: Path) -> None:
+    """Refuse a file at *report* unless it is the demo's own report (DIR may not exist yet)."""
+    if os.path.lexists(report) or os.path.isdir(report.parent):
+        check_report_target(report, replaces=(DEMO_GENERATOR,))
 
 
 def _try_next(streams: Streams, base: str, url_a: str, url_b: str, target: str) -> None:
@@ -143,35 +177,187 @@ def _stats_line(stats: TrackerStatistics) -> str:
     )
 
 
-async def _claim(url: str) -> None:
-    """Make *url* the demo's run: empty, or an earlier demo run (cleared); refuse anything else.
+@dataclass
+class _Claim:
+    """A run folder checked as the demo's to (re)write: absent, empty, or the demo's own run."""
 
-    The demo marks each run it writes (:data:`DEMO_MARKER`); a folder holding files but no
-    mark is someone's data (a run of their own may well be called ``run_a``), never replaced.
+    url: str
+    root: Path | None  # a local folder (None: another storage)
+    entries: dict[str, str] = field(default_factory=dict)  # what to delete: path -> kind
+
+    async def take(self) -> None:
+        """Delete what was checked (the demo's files, nothing else), then mark the run."""
+        storage = await anyio.to_thread.run_sync(open_storage, self.url)
+        try:
+            if self.root is not None:
+                await anyio.to_thread.run_sync(_remove, self.root, self.entries)
+            else:
+                for path in self.entries:
+                    await storage.delete(path)
+            await storage.prepare()
+            marker = BytesPayload(f"{_MARKER_TEXT}\n".encode())  # unfinished: no entries yet
+            await storage.write_atomic(DEMO_MARKER, marker, overwrite=True)
+        finally:
+            await storage.aclose()
+
+
+async def _check_claim(url: str) -> _Claim:
+    """*url* as the demo may take it: absent, empty, or a complete demo run and nothing else.
+
+    Every entry is looked at (files, folders, empty ones too, links, which are never the
+    demo's); a run counts as the demo's only when its marker lists each of them. Nothing is
+    changed here.
 
     Raises:
-        ConfigurationError: *url* holds files the demo did not write.
+        ConfigurationError: *url* holds anything the demo did not write.
     """
     storage = await anyio.to_thread.run_sync(open_storage, url)
     try:
-        files = await storage.list()
-        if files and not any(f.path == DEMO_MARKER for f in files):
-            raise ConfigurationError(
-                f"{url} already holds files that `trajtrack demo` did not write; refusing to "
-                "replace them: choose another DIR (or remove that folder yourself)"
-            )
-        if isinstance(storage, LocalStorage):  # the whole tree, empty folders included
-            await anyio.to_thread.run_sync(
-                functools.partial(shutil.rmtree, storage.root, ignore_errors=True)
-            )
+        if isinstance(storage, LocalStorage):
+            root = storage.root
+            found = await anyio.to_thread.run_sync(_scan_local, root, url)
+            marker = await anyio.to_thread.run_sync(_read_local_marker, root, found)
         else:
-            for info in files:
-                await storage.delete(info.path)
-        await storage.prepare()
-        marker = BytesPayload(b"written by `trajtrack demo`: it replaces this run when rerun\n")
+            root = None
+            found = {info.path: "file" for info in await storage.list()}
+            marker = await storage.read(DEMO_MARKER) if found.get(DEMO_MARKER) else None
+    finally:
+        await storage.aclose()
+    if not found:
+        return _Claim(url, root)
+    listed = _listed_entries(marker)
+    own = {DEMO_MARKER: "file", _RUN_DIR: "dir"} if marker is not None else {}
+    foreign = [
+        path
+        for path, kind in found.items()
+        if own.get(path, listed.get(path)) != kind or kind not in ("file", "dir")
+    ]
+    if marker is not None and listed == {} and foreign:
+        raise ConfigurationError(
+            f"{url} holds a demo run that did not finish (or one written by an older "
+            "trajtrack): refusing to replace it, as what it holds cannot be told from files "
+            "the demo did not write; choose another DIR (or remove that folder yourself)"
+        )
+    if foreign:
+        raise ConfigurationError(
+            f"{url} already holds files that `trajtrack demo` did not write (such as "
+            f"{min(foreign)}); refusing to replace them: choose another DIR (or remove that "
+            "folder yourself)"
+        )
+    return _Claim(url, root, found)
+
+
+async def _seal(url: str) -> None:
+    """Rewrite the marker of the finished run at *url* with the list of all it holds."""
+    storage = await anyio.to_thread.run_sync(open_storage, url)
+    try:
+        if isinstance(storage, LocalStorage):
+            entries = await anyio.to_thread.run_sync(_scan_local, storage.root, url)
+        else:
+            entries = {info.path: "file" for info in await storage.list()}
+        entries.pop(DEMO_MARKER, None)
+        listing = json.dumps({"entries": entries}, sort_keys=True)
+        marker = BytesPayload(f"{_MARKER_TEXT}\n{listing}\n".encode())
         await storage.write_atomic(DEMO_MARKER, marker, overwrite=True)
     finally:
         await storage.aclose()
+
+
+def _listed_entries(marker: bytes | None) -> dict[str, str]:
+    """The entries a demo marker lists (``{}``: none, or not a marker of a finished run)."""
+    if marker is None or not marker.startswith(b"written by `trajtrack demo`"):
+        return {}
+    _, _, listing = marker.partition(b"\n")
+    try:
+        entries = json.loads(listing)["entries"]
+    except (ValueError, KeyError, TypeError):
+        return {}
+    if not isinstance(entries, dict):
+        return {}
+    return {str(p): str(k) for p, k in entries.items()}
+
+
+def _scan_local(root: Path, url: str) -> dict[str, str]:
+    """Every entry below *root*, as ``path -> "file" | "dir" | "other"`` (links: other).
+
+    Raises:
+        ConfigurationError: *root* is there but is no folder (a file, or a link).
+    """
+    try:
+        mode = os.lstat(root).st_mode
+    except FileNotFoundError:
+        return {}
+    except NotADirectoryError:
+        raise ConfigurationError(f"cannot write {url}: a folder above it is a file") from None
+    if not stat.S_ISDIR(mode):
+        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a folder"
+        raise ConfigurationError(
+            f"{url} exists and is {kind}: refusing to replace it; choose another DIR"
+        )
+    return dict(_walk(str(root), ""))
+
+
+def _walk(top: str, prefix: str) -> Iterator[tuple[str, str]]:
+    with os.scandir(top) as entries:
+        for entry in entries:
+            path = prefix + entry.name
+            if entry.is_dir(follow_symlinks=False):
+                yield path, "dir"
+                yield from _walk(entry.path, path + "/")
+            elif entry.is_file(follow_symlinks=False):
+                yield path, "file"
+            else:  # a link (to a folder too: never followed), a FIFO, a socket, a device
+                yield path, "other"
+
+
+def _read_local_marker(root: Path, found: dict[str, str]) -> bytes | None:
+    if found.get(DEMO_MARKER) != "file" or found.get(_RUN_DIR) != "dir":
+        return None
+    with open(root / DEMO_MARKER, "rb") as file:
+        data = file.read(_MAX_MARKER + 1)
+    return None if len(data) > _MAX_MARKER else data
+
+
+def _remove(root: Path, entries: dict[str, str]) -> None:
+    """Delete *entries* below *root*: files, then folders deepest first (each must be empty)."""
+    for path, kind in entries.items():
+        if kind != "dir":
+            os.unlink(root / path)
+    for path in sorted((p for p, k in entries.items() if k == "dir"), key=len, reverse=True):
+        os.rmdir(root / path)
+
+
+async def _check_not_in_a_run(base: str) -> None:
+    """Refuse a DIR that is a trajtrack run, or inside one: the demo writes next to runs.
+
+    Raises:
+        ConfigurationError: DIR (or a folder above it, for a local DIR) holds ``.trajtrack``.
+    """
+    storage = await anyio.to_thread.run_sync(open_storage, base)
+    try:
+        if isinstance(storage, LocalStorage):
+            found = await anyio.to_thread.run_sync(_enclosing_run, storage.root)
+            run, itself = (None if found is None else str(found)), found == storage.root
+        else:
+            try:
+                run, itself = (base if await storage.list(_RUN_DIR) else None), True
+            except StorageNotFoundError:
+                run = None
+    finally:
+        await storage.aclose()
+    if run is not None:
+        where = "is a trajtrack run" if itself else f"is inside the trajtrack run {run}"
+        raise ConfigurationError(
+            f"{base} {where}: the demo writes its own runs next to runs, never into one; "
+            "choose another DIR"
+        )
+
+
+def _enclosing_run(root: Path) -> Path | None:
+    for folder in (root, *root.parents):
+        if os.path.isdir(folder / _RUN_DIR):
+            return folder
+    return None
 
 
 async def simulate_run(url: str, config: DemoConfig, *, perturb: bool) -> TrackerStatistics:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import anyio.to_thread
 
@@ -19,6 +20,7 @@ from trajtrack.reader import (
     DumpComparison,
     RunDiff,
     Tolerance,
+    check_report_target,
     diff_runs,
     open_run,
     render_text_section,
@@ -39,8 +41,10 @@ _LABELS = {
 
 async def run(args: argparse.Namespace, streams: Streams) -> int:
     tolerance = Tolerance(rtol=args.rtol, atol=args.atol, equal_nan=not args.nan_unequal)
-    if args.html:  # fail before a long diff, not after it (a file system look-up: off the loop)
+    if args.html:  # fail before a long diff, not after it (file system look-ups: off the loop)
         await anyio.to_thread.run_sync(require_matplotlib)
+        # Its folder exists; the file is absent or a report trajtrack wrote, never the user's.
+        await anyio.to_thread.run_sync(check_report_target, Path(args.html))
     tokenizer = await tokenizer_of(args)  # a missing extra or file fails before the diff
     update, close = progress_callback(streams, "diff", quiet=args.quiet)
     async with (
@@ -72,15 +76,8 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
                 max_dumps=args.max_dumps,
                 max_rows=args.max_differences,
             )
-        if args.json:
-            extra = {"text": {n: [d.to_json() for d in ds] for n, ds in texts}} if texts else {}
-            write_json(streams, {**result.to_json(), **extra})
-        else:
-            for line in render(result, max_dumps=args.max_dumps, per_dump=args.max_differences):
-                streams.line(printable(line))
-            for line in diff_text_lines(texts):
-                streams.line(line)
-        if args.html:  # the runs are still open: the report reloads the first divergent pair
+
+        async def report() -> None:  # the runs are still open: it reloads the first divergent pair
             await write_diff_report(
                 result,
                 args.html,
@@ -89,7 +86,21 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
                 unsafe=args.unsafe,
                 text=render_text_section(texts) if texts else None,
             )
-            streams.note(f"trajtrack diff: HTML report written to {args.html}")
+
+        if args.html and args.json:  # a report that fails leaves no JSON saying exit 0 or 1
+            await report()
+        if args.json:
+            extra = {"text": {n: [d.to_json() for d in ds] for n, ds in texts}} if texts else {}
+            write_json(streams, {**result.to_json(), **extra})
+        else:
+            for line in render(result, max_dumps=args.max_dumps, per_dump=args.max_differences):
+                streams.line(printable(line))
+            for line in diff_text_lines(texts):
+                streams.line(line)
+            if args.html:
+                await report()
+        if args.html:
+            streams.note(printable(f"trajtrack diff: HTML report written to {args.html}"))
     return result.exit_code
 
 
@@ -131,6 +142,8 @@ def render(result: RunDiff, *, max_dumps: int = 20, per_dump: int = 5) -> list[s
         f"{counts['different']} different, {counts['only_in_a']} only in A, "
         f"{counts['only_in_b']} only in B, {counts['error']} errors"
     )
+    if result.no_dumps:  # a glob that matched nothing must not read as a pass
+        lines.append("nothing to compare: not 'equal'")
     return lines
 
 

@@ -40,11 +40,15 @@ def add_parser(commands: Any) -> None:
             "a dump whose bytes do not match its recorded checksum, or that cannot be read, "
             "is not copied but reported. Exporting again is safe: a dump DEST already holds "
             "with the same bytes is counted as unchanged, one it holds with other bytes is "
-            "reported by name and kept (--overwrite replaces it). DEST may be a local path "
-            "or any storage URL."
+            "reported by name and kept (--overwrite replaces it). A file named with a "
+            "control character (no record can hold it) and a dump whose place DEST fills "
+            "with something else (a folder) are skipped and reported too; the others are "
+            "exported. DEST may be a local path or any storage URL, but not the run, a "
+            "folder inside it, or one holding it (refused before anything is written)."
         ),
         epilog="exit codes: 0 every dump exported (or already there), 1 some dumps were "
-        'skipped (reported), 2 usage or I/O error (with --json, JSON with an "error" too).',
+        "skipped (reported), 2 usage or I/O error, or DEST the run, inside it or holding it "
+        '(with --json, JSON with an "error" too).',
     )
     parser.add_argument("url", metavar="URL", help="the run to export")
     parser.add_argument("dest", metavar="DEST", help="where to write the files layout")

@@ -26,6 +26,7 @@ from trajtrack.cli._text import show_text_lines, tokenizer_of
 from trajtrack.reader import (
     DumpInfo,
     abbreviate,
+    check_report_target,
     open_run,
     render_dump_report,
     require_matplotlib,
@@ -42,8 +43,10 @@ _BATCH_PARTS = ("batch", "non_tensor_batch", "meta_info")
 
 
 async def run(args: argparse.Namespace, streams: Streams) -> int:
-    if args.html:  # fail before loading, not after (a file system look-up: off the loop)
+    if args.html:  # fail before loading, not after (file system look-ups: off the loop)
         await anyio.to_thread.run_sync(require_matplotlib)
+        # Its folder exists; the file is absent or a report trajtrack wrote, never the user's.
+        await anyio.to_thread.run_sync(check_report_target, Path(args.html))
     tokenizer = await tokenizer_of(args)  # a missing extra or file fails before loading
     async with open_run(args.url) as source:
         info = await source.info(args.name)
@@ -64,7 +67,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     if args.html:
         page = await anyio.to_thread.run_sync(lambda: render_dump_report(obj, info, url=args.url))
         await anyio.to_thread.run_sync(write_atomically, Path(args.html), page)
-        streams.note(f"trajtrack show: HTML report written to {args.html}")
+        streams.note(printable(f"trajtrack show: HTML report written to {args.html}"))
     return EXIT_OK
 
 

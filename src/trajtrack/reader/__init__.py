@@ -55,7 +55,7 @@ from trajtrack.reader._dump_report import render_dump_report
 from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order, matches
 from trajtrack.reader._export import ExportResult, export_run
 from trajtrack.reader._gather import gather_bounded, group_small
-from trajtrack.reader._html import write_atomically
+from trajtrack.reader._html import check_report_target, write_atomically
 from trajtrack.reader._ignore import VOLATILE as VOLATILE_KEYS
 from trajtrack.reader._kinds import abbreviate, within_budget
 from trajtrack.reader._plots import require_matplotlib
@@ -104,6 +104,7 @@ __all__ = [
     "abbreviate",
     "allow_in_this_process",
     "check_loadable",
+    "check_report_target",
     "compare",
     "diff_runs",
     "dump_batches",

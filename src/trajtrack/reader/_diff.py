@@ -17,9 +17,11 @@ Other storages' files are read, then loaded from the bytes. The results:
 
 from __future__ import annotations
 
+import logging
 import math
 import operator
 import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -34,6 +36,7 @@ from trajtrack.reader._diff_result import (
     Pair,
     RunDiff,
     Status,
+    against_record,
     compared,
     failed,
 )
@@ -52,6 +55,8 @@ from trajtrack.reader._readahead import AVAILABLE as readahead_available, ReadAh
 from trajtrack.reader._run import Run
 
 __all__ = ["DumpComparison", "RunDiff", "diff_runs"]
+
+logger = logging.getLogger(__name__)
 
 
 async def diff_runs(
@@ -85,6 +90,11 @@ async def diff_runs(
     """
     listed_a, listed_b = await _list_both(run_a, run_b, names)
     pairs = _pairs(listed_a, listed_b)
+    if not pairs:  # a typo in names, two empty runs: not "equal" (RunDiff.no_dumps, exit 1)
+        matching = f" matching {names!r}" if names else ""
+        logger.warning(
+            "nothing to compare: neither run has dumps%s; not 'equal' (exit code 1)", matching
+        )
     limit = max(1, min(run_a.concurrency, run_b.concurrency))
     # Loading and comparing is CPU work: more threads than cores only contend for the GIL,
     # the caches and the cores the reads need (``benchmarks/bench_diff.py``).
@@ -288,7 +298,7 @@ class _Comparer:
             )
             for i, comparison in zip(rest, loaded, strict=True):
                 found[i] = comparison
-        return found  # type: ignore[return-value]  # every None filled in above
+        return _against_records(found, data_a, data_b)  # type: ignore[arg-type]  # all filled
 
     def _read_and_compare_unloaded(
         self, batch: list[Pair]
@@ -313,7 +323,8 @@ class _Comparer:
     def _compare_read(
         self, batch: list[Pair], data_a: list[bytes | Exception], data_b: list[bytes | Exception]
     ) -> list[DumpComparison]:
-        return compare_read(batch, data_a, data_b, *self._options)
+        found = compare_read(batch, data_a, data_b, *self._options)
+        return _against_records(found, data_a, data_b)
 
     async def compare(self, pair: Pair) -> DumpComparison:
         name, a, b, rank = pair
@@ -321,8 +332,10 @@ class _Comparer:
             status: Status = "only_in_b" if a is None else "only_in_a"
             return DumpComparison(name, status, a, b, order=rank)
         options = self._options
+        data_a: bytes | None = None
+        data_b: bytes | None = None
+        paths = self.local.get(name)
         try:
-            paths = self.local.get(name)
             if paths is not None:  # compared and loaded from the files themselves
                 path_a, path_b = paths
                 try:
@@ -338,8 +351,42 @@ class _Comparer:
                     load_and_compare, data_a, data_b, name, *options, limiter=self.cpu
                 )
         except (TrajtrackError, OSError) as exc:
-            return failed(pair, exc)
+            if paths is not None:  # large local files: their sizes (a stat, not a read)
+                sizes = await anyio.to_thread.run_sync(_stored_sizes, paths)
+                return against_record(failed(pair, exc), *sizes)
+            return against_record(failed(pair, exc), data_a, data_b)
         return compared(pair, found)
+
+
+def _against_records(
+    found: list[DumpComparison],
+    data_a: Sequence[bytes | Exception],
+    data_b: Sequence[bytes | Exception],
+) -> list[DumpComparison]:
+    """*found*, each error with what its dumps' bytes say against their record first."""
+    if all(comparison.status != "error" for comparison in found):  # the common case
+        return found
+    return [
+        against_record(
+            comparison,
+            x if isinstance(x, bytes) else None,
+            y if isinstance(y, bytes) else None,
+        )
+        for comparison, x, y in zip(found, data_a, data_b, strict=True)
+    ]
+
+
+def _stored_sizes(paths: tuple[LocalFile, LocalFile]) -> tuple[int | None, int | None]:
+    """The sizes of two local files (``None``: not a regular file, or gone)."""
+    sizes: list[int | None] = []
+    for file in paths:
+        try:
+            info = os.stat(file.path)
+        except OSError:
+            sizes.append(None)
+            continue
+        sizes.append(info.st_size if stat.S_ISREG(info.st_mode) else None)
+    return sizes[0], sizes[1]
 
 
 def _members(batch: list[Pair]) -> bool:

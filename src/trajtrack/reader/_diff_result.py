@@ -8,10 +8,20 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from trajtrack._exceptions import DumpLoadError, UnsafeLoadError
+from trajtrack.backends import checksum_of
 from trajtrack.reader._compare import Difference, Tolerance
 from trajtrack.reader._dumps import DumpInfo
 
-__all__ = ["DumpComparison", "Pair", "RunDiff", "Status", "compared", "failed", "message"]
+__all__ = [
+    "DumpComparison",
+    "Pair",
+    "RunDiff",
+    "Status",
+    "against_record",
+    "compared",
+    "failed",
+    "message",
+]
 
 Status = Literal["equal", "different", "only_in_a", "only_in_b", "error"]
 
@@ -78,12 +88,21 @@ class RunDiff:
 
     @property
     def equal(self) -> bool:
-        """True when every dump exists in both runs and is equal within tolerance."""
-        return all(c.status == "equal" for c in self.comparisons)
+        """True when every dump exists in both runs and is equal within tolerance; false
+        when there was nothing to compare (:attr:`no_dumps`: two empty runs, a ``names``
+        glob that matches nothing), which is not "the runs are equal"."""
+        return bool(self.comparisons) and all(c.status == "equal" for c in self.comparisons)
+
+    @property
+    def no_dumps(self) -> bool:
+        """True when neither run had a dump to compare (matching the ``names`` glob)."""
+        return not self.comparisons
 
     @property
     def exit_code(self) -> int:
-        """0 equal, 1 different (or missing dumps), 2 some dump could not be compared."""
+        """0 equal, 1 different (or missing dumps, or nothing compared: :attr:`no_dumps`, as
+        ``trajtrack verify`` exits when it verified nothing), 2 some dump could not be
+        compared."""
         if any(c.status == "error" for c in self.comparisons):
             return 2
         return 0 if self.equal else 1
@@ -119,6 +138,7 @@ class RunDiff:
             "tolerance": dataclasses.asdict(self.tolerance),
             "equal": self.equal,
             "exit_code": self.exit_code,
+            "no_dumps": self.no_dumps,
             "counts": self.counts(),
             "differ": self.differ,
             "first_divergence": first.name if first else None,
@@ -155,3 +175,47 @@ def message(exc: BaseException) -> str:
     if isinstance(exc, UnsafeLoadError | DumpLoadError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+def against_record(
+    comparison: DumpComparison, stored_a: bytes | int | None, stored_b: bytes | int | None
+) -> DumpComparison:
+    """An ``error`` *comparison* with, first, what its dumps' stored bytes (or, for a large
+    local file, their size) say against their record: a dump that changed since it was
+    written is the cause worth reading, not what the loader made of its bytes. Only errors
+    are looked at: no other comparison pays for a checksum.
+
+    Args:
+        comparison: A pair's comparison.
+        stored_a: Run A's dump as read (bytes), its stored size, or ``None`` when unknown.
+        stored_b: The same for run B.
+    """
+    if comparison.status != "error":
+        return comparison
+    found = [
+        text
+        for side, info, stored in (("A", comparison.a, stored_a), ("B", comparison.b, stored_b))
+        if (text := _disagreement(f"{side}:{comparison.name}", info, stored)) is not None
+    ]
+    if not found:
+        return comparison
+    return comparison._replace(error="; ".join([*found, comparison.error or ""]).rstrip("; "))
+
+
+def _disagreement(where: str, info: DumpInfo | None, stored: bytes | int | None) -> str | None:
+    """How the stored dump differs from its record, or ``None`` (the same, or unknown)."""
+    if info is None or not info.recorded:
+        return None
+    if stored is None:
+        stored = info.stored_size  # as listed
+    if stored is None:
+        return None
+    size = stored if isinstance(stored, int) else len(stored)
+    hint = "changed since it was written (`trajtrack verify` lists such dumps)"
+    if size != info.size:
+        return f"{where}: {size} bytes stored, {info.size} recorded: {hint}"
+    if isinstance(stored, bytes) and info.checksum is not None:
+        actual = checksum_of(stored)
+        if actual != info.checksum:
+            return f"{where}: checksum {actual}, recorded {info.checksum}: {hint}"
+    return None

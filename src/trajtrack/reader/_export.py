@@ -9,20 +9,23 @@ writer and commit time), so that ``trajtrack verify``, ``diff`` and plain
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Union
 
 import anyio
 
-from trajtrack._exceptions import DumpExistsError, StorageError
+from trajtrack._exceptions import ConfigurationError, DumpExistsError, StorageError
 from trajtrack.backends import BytesPayload, Storage, checksum_of
-from trajtrack.layouts.names import WriterIdentity
+from trajtrack.layouts.names import WriterIdentity, plainly_valid
 from trajtrack.layouts.records import DumpRecord, encode_segment, new_writer_id, segment_path
 from trajtrack.reader._batch_reads import dump_batches
 from trajtrack.reader._dumps import DumpInfo
 from trajtrack.reader._gather import gather_bounded
+from trajtrack.reader._record_set import path_problem
 from trajtrack.reader._run import Run
 
 __all__ = ["ExportResult", "export_run"]
@@ -78,18 +81,30 @@ async def export_run(
     a clean-looking run. Every file the export wrote or found is in the record it writes,
     also when it fails part-way.
 
+    A dump whose path a record cannot hold (a file named with a control character: the
+    destination's readers would refuse it, ``verify`` report it ``outside``) is skipped, and
+    so is one whose place in the destination something else holds (a folder, a file where a
+    folder goes): the others are exported.
+
     Raises:
+        ConfigurationError: The destination is the source, inside it, or holds it (each
+            export would copy itself into the run); nothing is written.
         StorageError: Listing the source or writing the destination failed (nothing is
             created in the destination when the source cannot be listed).
     """
+    await source.open()
+    _refuse_nested(source.storage, destination)
     dumps = await source.list(glob)  # first: a run that cannot be read leaves nothing behind
     await destination.prepare()
-    todo = [d for d in dumps if d.present and d.problem is None]
-    skipped = [
-        (d.name, d.problem or "missing from the storage")
-        for d in dumps
-        if not (d.present and d.problem is None)  # not a search of todo: one pass
-    ]
+    todo: list[DumpInfo] = []
+    skipped: list[tuple[str, str]] = []
+    for d in dumps:
+        if not (d.present and d.problem is None):
+            skipped.append((d.name, d.problem or "missing from the storage"))
+        elif not plainly_valid(d.path) and (problem := path_problem(d.path)) is not None:
+            skipped.append((d.name, f"{problem}: no record can hold it"))
+        else:
+            todo.append(d)
     done = [0]
     records: list[DumpRecord] = []  # filled as batches finish: recorded even after a failure
 
@@ -126,6 +141,48 @@ async def export_run(
 
 _EXISTS = "the destination holds other bytes under this name; not replaced (overwrite replaces it)"
 
+_CLASH = (
+    "the destination holds something else where it goes (a folder, or a file where a folder "
+    "goes); not replaced"
+)
+
+# How a write fails because the destination holds something else at the dump's place: a
+# folder where the file goes (EISDIR, ENOTEMPTY: renaming over a folder), a file where a
+# folder goes (ENOTDIR, EEXIST); HDFS's names for the same.
+_CLASH_ERRNOS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENOTEMPTY})
+_CLASH_REMOTE = frozenset({"FileAlreadyExistsException", "ParentNotDirectoryException"})
+
+
+def _clash(error: BaseException) -> bool:
+    """Whether *error* (a write's) says the destination holds something else in the way."""
+    if getattr(error, "remote_exception", None) in _CLASH_REMOTE:
+        return True
+    cause = error if isinstance(error, OSError) and error.errno else error.__cause__
+    return isinstance(cause, OSError) and cause.errno in _CLASH_ERRNOS
+
+
+def _refuse_nested(source: Storage, destination: Storage) -> None:
+    """Refuse a destination that is the source, lies inside it or holds it: an export would
+    write into the run it reads (a second export copies the first copy along), and the
+    run's ``verify`` would then fail on files in no record."""
+    where_s, where_d = source.local_path(""), destination.local_path("")
+    if where_s is not None and where_d is not None:  # links resolved: the folders themselves
+        a, b, sep = os.path.realpath(where_s), os.path.realpath(where_d), os.sep
+    else:
+        a, b, sep = source.url.rstrip("/"), destination.url.rstrip("/"), "/"
+    if a == b:
+        how = "is the run itself"
+    elif b.startswith(a.rstrip(sep) + sep):
+        how = "is inside the run"
+    elif a.startswith(b.rstrip(sep) + sep):
+        how = "holds the run"
+    else:
+        return
+    raise ConfigurationError(
+        f"refusing to export {source.url} to {destination.url}: the destination {how}; "
+        "export to a folder outside it"
+    )
+
 
 async def _copy_batch(
     source: Run, destination: Storage, batch: list[DumpInfo], overwrite: bool
@@ -154,6 +211,8 @@ async def _copy_batch(
         assert isinstance(record, DumpRecord)
         if isinstance(result, DumpExistsError):
             outcomes[place] = await _existing(destination, record)
+        elif isinstance(result, Exception) and _clash(result):  # this dump only: skipped
+            outcomes[place] = f"{_CLASH}: {result}"
         elif isinstance(result, StorageError):
             outcomes[place] = result
         elif isinstance(result, Exception):

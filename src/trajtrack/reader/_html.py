@@ -9,12 +9,32 @@ from __future__ import annotations
 
 import html
 import os
+import re
+import secrets
+import stat
 import string
+from collections.abc import Collection
 from pathlib import Path
 
-from trajtrack._exceptions import StorageNotFoundError
+from trajtrack._exceptions import ConfigurationError, StorageError, StorageNotFoundError
 
-__all__ = ["CSS", "escape", "number", "page", "write_atomically"]
+__all__ = [
+    "CSS",
+    "GENERATOR",
+    "check_report_target",
+    "escape",
+    "number",
+    "page",
+    "report_generator",
+    "visible",
+    "with_generator",
+    "write_atomically",
+]
+
+GENERATOR = "trajtrack"
+"""What a page says wrote it (``<meta name="generator">``; the demo's: ``trajtrack demo``): a
+file saying so may be replaced by the next report written to its path; any other file is the
+user's and never replaced."""
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;
@@ -38,10 +58,24 @@ font-size:13px}.mark{font-weight:700}svg.histogram{max-width:780px}
 .note{color:#666;font-size:13px}footer{margin-top:32px;color:#888;font-size:12px}
 """
 
+_HEAD = '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+_GENERATOR_META = '<meta name="generator" content="{}">\n'
+# The head of a report written before the generator mark, up to its title: still a report.
+_LEGACY_HEAD = (
+    _HEAD + '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+    "style-src 'unsafe-inline'\">\n"
+    '<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>'
+)
+_GENERATOR_RE = re.compile(
+    re.escape(_HEAD) + r'<meta name="generator" content="(trajtrack[^"<>]*)">\n'
+)
+_HEAD_BYTES = 4096  # read of a file to tell whether it is a report
+
 _PAGE = string.Template("""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
+<meta name="generator" content="trajtrack">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>$title</title>
@@ -69,8 +103,21 @@ def page(*, title: str, heading: str, badge: str, body: str, footer: str) -> str
 
 
 def escape(text: str) -> str:
-    """*text* as HTML text or attribute value (quotes escaped too)."""
-    return html.escape(text, quote=True)
+    """*text* as HTML text or attribute value (quotes escaped too), see :func:`visible`."""
+    return html.escape(visible(text), quote=True)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def visible(text: str) -> str:
+    """*text* with each lone surrogate written as a visible ``\\udcXX`` escape.
+
+    A name read from a file system as ``os.fsdecode`` does holds a lone surrogate for each
+    byte that is not UTF-8 (``\\xff`` becomes ``\\udcff``): no encoder writes it, no font
+    draws it. Shown as the text output shows it (:func:`trajtrack.cli._common.printable`).
+    """
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def number(value: float | None) -> str:
@@ -78,16 +125,93 @@ def number(value: float | None) -> str:
     return "" if value is None else escape(f"{value:.4g}")
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write *text* (UTF-8) to a temporary file beside *path*, then rename it over *path*."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def with_generator(text: str, generator: str) -> str:
+    """The page *text* marked as written by *generator* (``"trajtrack demo"``), not the default."""
+    return text.replace(_GENERATOR_META.format(GENERATOR), _GENERATOR_META.format(generator), 1)
+
+
+def report_generator(head: bytes) -> str | None:
+    """Who wrote the page starting with *head* (``"trajtrack"``...); ``None``: not a report."""
+    text = head.decode("utf-8", "replace")
+    found = _GENERATOR_RE.match(text)
+    if found:
+        return found.group(1)
+    return GENERATOR if text.startswith(_LEGACY_HEAD) else None
+
+
+def check_report_target(path: Path, *, replaces: Collection[str] | None = None) -> None:
+    """Raise unless a report can be written to *path*, before any work is done for it.
+
+    Its folder must exist, and *path* must be absent, or a regular file (not a link) holding
+    an HTML report that one of *replaces* wrote (:func:`report_generator`; ``None``: any
+    trajtrack report). Anything else there is the user's: never replaced.
+
+    Raises:
+        StorageNotFoundError: The folder does not exist.
+        ConfigurationError: *path* is a folder, a link, or a file that is no such report, or
+            its folder is not a folder.
+    """
+    parent = path.parent
     try:
+        if not stat.S_ISDIR(os.stat(parent).st_mode):
+            raise ConfigurationError(f"cannot write {path}: {parent} is not a directory")
+    except FileNotFoundError:
+        raise StorageNotFoundError(f"cannot write {path}: no such directory {parent}") from None
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        raise ConfigurationError(f"cannot write {path}: it is a directory")
+    what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+    if stat.S_ISREG(mode):
+        with open(path, "rb") as file:
+            generator = report_generator(file.read(_HEAD_BYTES))
+        if generator is not None and (replaces is None or generator in replaces):
+            return
+        what = (
+            "not an HTML report trajtrack wrote"
+            if generator is None
+            else f"a report that {generator!r} wrote, not {' or '.join(map(repr, replaces or ()))}"
+        )
+    raise ConfigurationError(
+        f"refusing to replace {path}: it exists and is {what}; remove it yourself or choose "
+        "another file"
+    )
+
+
+def write_atomically(path: Path, text: str, *, replaces: Collection[str] | None = None) -> None:
+    """Write *text* (UTF-8) to a new temporary file beside *path*, then rename it over *path*.
+
+    An existing *path* is replaced only when :func:`check_report_target` allows it (an HTML
+    report one of *replaces* wrote). A lone surrogate left in *text* is written as a visible
+    ``\\udcXX`` escape, never an encoding error.
+
+    Raises:
+        StorageNotFoundError: The folder of *path* does not exist.
+        ConfigurationError: *path* is no report to replace (see :func:`check_report_target`).
+        StorageError: The file cannot be written (named by *path*, not the temporary file).
+    """
+    check_report_target(path, replaces=replaces)
+    data = text.encode("utf-8", "backslashreplace")
+    while True:  # a name of its own: never a file that happens to be there
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
-            temporary.write_text(text, encoding="utf-8")
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
         except FileNotFoundError:  # the folder: name what was asked for, not the temp file
             raise StorageNotFoundError(
                 f"cannot write {path}: no such directory {path.parent}"
             ) from None
+        except OSError as exc:
+            raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from None
+        break
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
         os.replace(temporary, path)
+    except OSError as exc:
+        raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
         temporary.unlink(missing_ok=True)

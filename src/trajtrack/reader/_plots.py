@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trajtrack._exceptions import MissingDependencyError
+from trajtrack.reader._html import visible
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -34,7 +35,8 @@ INSTALL_HINT = "the HTML report needs matplotlib: pip install 'trajtrack[report]
 
 # Every text that shows a dump name or a path is drawn with parse_math=False: a "$" in it is
 # text, not a formula (and cannot make the mathtext parser fail); the log axes' own tick
-# labels are mathtext.
+# labels are mathtext. Such text goes through visible() first: a lone surrogate (a name's
+# non-UTF-8 byte, as os.fsdecode reads it) is drawn as its \udcXX escape (no font has it).
 _NO_METADATA = {"Date": None, "Creator": None, "Format": None, "Type": None}
 # rcParams are process-wide: rc_context() swaps them for the duration of a save, so two of our
 # saves must not interleave (a user's own plotting in another thread is not our business).
@@ -272,6 +274,7 @@ def histogram_svg(values: np.ndarray[Any, Any], title: str, *, xlabel: str = "a 
     """
     from matplotlib.ticker import MaxNLocator
 
+    title, xlabel = visible(title), visible(xlabel)
     figure, ax = _figure(7.5, 3.0, margins=(0.75, 0.2, 0.55, 0.35))
     flat = np.asarray(values, dtype=np.float64).reshape(-1)
     log = False
@@ -339,4 +342,5 @@ def _positive(value: float | None) -> float:
 
 
 def _short(name: str) -> str:
+    name = visible(name)
     return name if len(name) <= _NAME_CHARS else name[: _NAME_CHARS - 3] + "..."

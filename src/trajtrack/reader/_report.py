@@ -11,6 +11,7 @@ copy. Every string that comes from a run (dump names, keys, values, errors, URLs
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -24,7 +25,14 @@ import numpy as np
 from trajtrack._exceptions import TrajtrackError
 from trajtrack.reader._compare import Difference
 from trajtrack.reader._diff import DumpComparison, RunDiff
-from trajtrack.reader._html import escape as _e, number, page, write_atomically
+from trajtrack.reader._html import (
+    GENERATOR,
+    escape as _e,
+    number,
+    page,
+    with_generator,
+    write_atomically,
+)
 from trajtrack.reader._plots import DumpPoint, divergence_svg, histogram_svg, load_matplotlib
 from trajtrack.reader._run import Run
 from trajtrack.reader._tensor_path import difference_values, find_at_path
@@ -126,6 +134,7 @@ async def write_diff_report(
     unsafe: bool = False,
     max_dumps: int = 200,
     text: str | None = None,
+    generator: str = GENERATOR,
 ) -> None:
     """Write the HTML report of *result* to *path* (replaced atomically).
 
@@ -140,9 +149,13 @@ async def write_diff_report(
         unsafe: Allow a full unpickle when reloading (as for the diff itself).
         max_dumps: Differing dumps listed in the table.
         text: A section of token text (``diff --tokenizer``), already HTML.
+        generator: Who the page says wrote it. An existing *path* is replaced only if it is a
+            report that trajtrack wrote (with another *generator*: that one wrote); anything
+            else there is refused (:func:`~trajtrack.reader.check_report_target`).
 
     Raises:
         MissingDependencyError: matplotlib is not installed (``trajtrack[report]``).
+        ConfigurationError: *path* holds something that is not such a report.
         OSError: *path* cannot be written.
     """
     await anyio.to_thread.run_sync(load_matplotlib)  # an import reads files: not on the loop
@@ -158,7 +171,11 @@ async def write_diff_report(
     page = await anyio.to_thread.run_sync(
         lambda: render_diff_report(result, divergent, max_dumps=max_dumps, note=note, text=text)
     )
-    await anyio.to_thread.run_sync(write_atomically, Path(path), page)
+    if generator != GENERATOR:
+        page = with_generator(page, generator)
+    replaces = None if generator == GENERATOR else (generator,)
+    write = functools.partial(write_atomically, Path(path), page, replaces=replaces)
+    await anyio.to_thread.run_sync(write)
 
 
 def render_diff_report(
@@ -177,6 +194,9 @@ def render_diff_report(
         max_dumps: Differing dumps listed in the table (the plot shows every dump).
         note: Shown in place of the histogram when *divergent* is ``None``.
         text: A section of token text (``diff --tokenizer``), already HTML.
+        generator: Who the page says wrote it. An existing *path* is replaced only if it is a
+            report that trajtrack wrote (with another *generator*: that one wrote); anything
+            else there is refused (:func:`~trajtrack.reader.check_report_target`).
 
     Raises:
         MissingDependencyError: matplotlib is not installed (``trajtrack[report]``).
@@ -212,6 +232,8 @@ def _verdict(result: RunDiff) -> tuple[str, str]:
     not_compared = f"{errors} dumps could not be compared"
     if result.equal:
         return "equal within tolerance (exit 0)", "ok"
+    if result.no_dumps:
+        return f"nothing to compare: no dumps (exit {result.exit_code})", "bad"
     if result.differ:
         tail = f"; {not_compared}" if errors else ""
         return f"the runs differ (exit {result.exit_code}){tail}", "bad"
@@ -330,6 +352,8 @@ def _histogram(result: RunDiff, divergent: DivergentTensor | None, note: str | N
 
 def _table(result: RunDiff, max_dumps: int) -> str:
     shown = [c for c in result.comparisons if c.status != "equal"]
+    if result.no_dumps:
+        return '<p class="note">None: neither run has a dump to compare.</p>'
     if not shown:
         return '<p class="note">None: every dump is equal within tolerance.</p>'
     hidden = max(0, len(shown) - max_dumps)

@@ -254,9 +254,40 @@ def refused_globals(source: Any, message: str) -> list[str]:
 
 
 def first_line(exc: BaseException) -> str:
-    """``TypeName: first line of the message``, for error messages."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    """``TypeName: first line of the message``, for error messages.
+
+    torch's weights-only refusals open with paragraphs of advice, one of them to re-run
+    ``torch.load`` with ``weights_only=False`` (which runs whatever code the file names: the
+    load this module exists to refuse), and bury the cause (``Unsupported operand 103``, the
+    global refused) further down. Those paragraphs are dropped: the line kept is the cause.
+    """
+    lines = [_cause_in(line) for line in str(exc).strip().splitlines()]
+    kept = [line for line in lines if line and not line.startswith(_TORCH_ADVICE)]
+    text = kept[0] if kept else ""
+    if "weights_only" in text:  # advice of a torch version not foreseen: never passed on
+        text = "refused by torch's weights-only unpickler"
+    return f"{type(exc).__name__}: {text}".rstrip(": ")
+
+
+_TORCH_ADVICE: Final = (
+    "Weights only load failed",
+    "In PyTorch 2.6",
+    "Re-running `torch.load`",
+    "Please file an issue",
+    "Check the documentation of torch.load",
+)
+"""How the paragraphs of torch's weights-only refusal that are advice, not its cause, start."""
+
+_UNPICKLER_ERROR: Final = "WeightsUnpickler error:"
+
+
+def _cause_in(line: str) -> str:
+    """*line* stripped; from torch's ``... WeightsUnpickler error: CAUSE``, the cause."""
+    before, found, after = line.partition(_UNPICKLER_ERROR)
+    return after.strip() if found else before.strip()
+
+
+_NOT_A_DUMP: Final = " (not what torch.save writes: damaged, truncated, or another format)"
 
 
 def _safe_load(source: bytes | str, where: str) -> Any:
@@ -274,8 +305,10 @@ def _safe_load(source: bytes | str, where: str) -> Any:
     offending = [name for name in needed if name not in _allowed_names()]
     if offending:
         raise UnsafeLoadError(_refusal(where, offending)) from refusal
-    if not needed:
-        raise DumpLoadError(f"{where}: cannot be loaded: {first_line(refusal)}") from refusal
+    if not needed:  # no global refused: the bytes are not a pickle torch can read
+        raise DumpLoadError(
+            f"{where}: cannot be loaded: {first_line(refusal)}{_NOT_A_DUMP}"
+        ) from refusal
     return _load_in_worker(source, where, needed)
 
 
