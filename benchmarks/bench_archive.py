@@ -13,7 +13,7 @@ of the other benchmarks), best of several interleaved rounds of:
 Wall time per dump (best round) and the CPU time of all threads (the CRC helper's included).
 
 Files are new ones in a scratch directory (unlinked between dumps, outside the timing), with
-no fsync, like the tracker's default. Also the cost of one ``crc32_combine`` per length.
+no fsync, like the tracker's default.
 
 Run: ``python benchmarks/bench_archive.py [--quick] [--only PAYLOAD ...]``. Prints tables,
 writes ``benchmarks/results/archive.json``. ``--loop SECONDS`` only writes the small dump into
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import payload, table, write_results
 from trajtrack.backends import ChecksumWriter
 from trajtrack.tracker._archive import archive_plan, write_archive
-from trajtrack.tracker._crc32 import crc32_big, crc32_combine
+from trajtrack.tracker._crc32 import crc32_big
 
 WRITERS = ["torch_file", "torch_crc_file", "torch_memory", "archive_file", "archive_memory", "raw"]
 LABELS = {
@@ -135,18 +135,6 @@ def bench_payload(name: str, obj: Any, n: int, rounds: int, scratch: Path) -> di
     return result
 
 
-def bench_combine() -> dict[str, float]:
-    out = {}
-    for length in (4000, 1 << 20, 256 << 20, (1 << 32) - 1):
-        crc32_combine(1, 2, length)  # build its tables once
-        n = 20000
-        start = time.perf_counter()
-        for _ in range(n):
-            crc32_combine(0x12345678, 0x9ABCDEF0, length)
-        out[str(length)] = (time.perf_counter() - start) / n * 1e6
-    return out
-
-
 def bench_plan_and_write(obj: Any, n: int) -> dict[str, float]:
     """The small dump split: pickling + layout, then writing a plan into memory."""
     best_plan = best_write = float("inf")
@@ -194,9 +182,6 @@ def report(results: dict[str, Any]) -> None:
     print("\nOne dump, best of the rounds (vs torch.save: to the same kind of destination;")
     print("cpu us: CPU time of all the process's threads per dump, best round)")
     print(table(rows, header))
-    combine = results["crc32_combine_us"]
-    cost = ", ".join(f"{length} B {us:.2f}" for length, us in combine.items())
-    print(f"\ncrc32_combine, us per call: {cost}")
     split = results["small_dump_split"]
     print(
         f"int+1000 floats, write_archive split: archive_plan {split['plan_us']:.1f} us, "
@@ -233,7 +218,6 @@ def main() -> None:
         "load_average": os.getloadavg(),
         "crc32_big": f"{crc32_big.__module__ or 'zlib'}.crc32",
         "payloads": measured,
-        "crc32_combine_us": bench_combine(),
         "small_dump_split": bench_plan_and_write(objects["int+1000 floats"], 500),
     }
     report(results)

@@ -7,7 +7,7 @@ below the speed of a raw ``write()`` (``benchmarks/bench_archive.py`` measures t
 against ``torch.save`` and a raw write of the same bytes). This module writes
 the same format itself: it computes the CRC-32 of each storage once (in a helper thread, while
 the caller's thread writes the bytes, for big storages), and derives the whole file's CRC-32
-from the pieces' CRCs (:func:`~trajtrack.tracker._crc32.crc32_combine`) instead of reading the
+from the pieces' CRCs (:func:`~trajtrack.tracker._crc32.crc32_extend`) instead of reading the
 data a second time.
 
 The bytes are those ``torch.save(obj, file_object)`` of torch 2.13 writes, record for record

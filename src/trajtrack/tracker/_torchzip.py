@@ -11,12 +11,12 @@ purpose flag bit 3), except for empty records, which have neither. torch's reade
 ``zipfile`` and torch's older readers all accept this: it is what torch writes.
 
 The CRC-32 of each storage is computed once, and the file's CRC-32 is combined from the
-pieces' CRCs (:func:`crc32_combine`) rather than read again. Storages of 8 MiB or more get
-theirs from a helper thread (:data:`crc32_big`, zlib's or ISA-L's, releases the GIL) while the
-writing thread writes the same memory; smaller ones in the writing thread. Only headers and a
-pickle of up to 64 KiB are read a second time, which is cheaper than combining. Archives of
-4 GiB or more would need zip64 extra fields: they are refused (the caller falls back to
-``torch.save``).
+pieces' CRCs (:func:`crc32_extend`, where isal is installed) rather than read again. Storages of
+8 MiB or more get theirs from a helper thread (:data:`crc32_big`, zlib's or ISA-L's, releases
+the GIL) while the writing thread writes the same memory; smaller ones in the writing thread.
+Only headers and a pickle of up to 64 KiB are read a second time, which is cheaper than
+combining. Archives of 4 GiB or more would need zip64 extra fields: they are refused (the
+caller falls back to ``torch.save``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Final, Protocol
 
-from trajtrack.tracker._crc32 import crc32_big, crc32_combine
+from trajtrack.tracker._crc32 import crc32_big, crc32_extend
 
 __all__ = ["PARALLEL_CRC_MIN", "ArchivePlan", "NotArchivable", "Writable"]
 
@@ -243,7 +243,7 @@ class ArchivePlan:
         if pickle_size <= _JOIN_MAX:  # cheaper to read a small pickle again than to combine
             crc = zlib.crc32(self._pickled, _PICKLE_HEADER_CRC)
         else:
-            crc = crc32_combine(_PICKLE_HEADER_CRC, self._pickle_crc, pickle_size)
+            crc = crc32_extend(_PICKLE_HEADER_CRC, self._pickled, self._pickle_crc, pickle_size)
         crc = zlib.crc32(layout.after_pickle, zlib.crc32(descriptor, crc))
         central = [_central(_PICKLE_NAME, 0, pickle_size, self._pickle_crc), layout.central_head]
         for index, view in enumerate(self._views):
@@ -264,7 +264,7 @@ class ArchivePlan:
                     record_crc = crc32_big(view)
                     _write_all(out, view)
             if size:
-                crc = crc32_combine(crc, record_crc, size)
+                crc = crc32_extend(crc, view, record_crc, size)
                 descriptor = _descriptor(record_crc, size)
                 crc = zlib.crc32(descriptor, crc)
                 pending.append(descriptor)
