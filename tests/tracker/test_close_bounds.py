@@ -189,15 +189,23 @@ async def test_flush_times_out_while_a_shard_upload_hangs() -> None:
 # --------------------------------------------------------------------------- concurrent close
 
 
-async def test_a_second_aclose_keeps_its_own_timeout() -> None:
-    fault = Hang("x")
-    storage = MemoryStorage("memory://twice/run", fault=fault)
-    tracker = Tracker("memory://twice/run", storage=storage)
+async def closing_over_a_hang(
+    store: str, error: Exception | None = None, timeout: float | None = 10
+) -> tuple[Hang, Tracker, asyncio.Task[None], CountingStorage]:
+    """A tracker whose one dump's write hangs (then raises *error*), and its close under way."""
+    fault = Hang("x", error)
+    storage = CountingStorage(f"memory://{store}/run", fault=fault)
+    tracker = Tracker(f"memory://{store}/run", storage=storage)
     await tracker.start()
     await tracker.dump(tiny(0), "x")
     await anyio.to_thread.run_sync(fault.entered.wait, 10)
-    first = asyncio.create_task(tracker.aclose(timeout=10))
+    first = asyncio.create_task(tracker.aclose(timeout=timeout))
     await asyncio.sleep(0.05)
+    return fault, tracker, first, storage
+
+
+async def test_a_second_aclose_keeps_its_own_timeout() -> None:
+    fault, tracker, first, _ = await closing_over_a_hang("twice")
     try:
         started = time.monotonic()
         with pytest.raises(TimeoutError, match="under way"):
@@ -210,19 +218,33 @@ async def test_a_second_aclose_keeps_its_own_timeout() -> None:
 
 
 async def test_a_second_aclose_reports_what_the_first_one_raised() -> None:
-    fault = Hang("bad", StoragePermissionError("no access"))
-    storage = MemoryStorage("memory://outcome/run", fault=fault)
-    tracker = Tracker("memory://outcome/run", storage=storage)
-    await tracker.start()
-    await tracker.dump(tiny(0), "bad")
-    await anyio.to_thread.run_sync(fault.entered.wait, 10)
-    first = asyncio.create_task(tracker.aclose(timeout=10))
-    await asyncio.sleep(0.05)
+    fault, tracker, first, _ = await closing_over_a_hang(
+        "outcome", StoragePermissionError("no access")
+    )
     asyncio.get_running_loop().call_later(0.2, fault.release.set)
     with anyio.fail_after(8), pytest.raises(StoragePermissionError):
         await tracker.aclose(timeout=5)
     with anyio.fail_after(8), pytest.raises(StoragePermissionError):
         await first
+
+
+async def test_a_cancelled_aclose_without_a_budget_stops_draining(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No timeout, then cancelled: the drain is cut short at once (not waiting out the hung
+    write), the final steps get their grace, the storage is released."""
+    fault, tracker, first, storage = await closing_over_a_hang("cut", timeout=None)
+    started = time.monotonic()
+    first.cancel()
+    try:
+        with anyio.fail_after(8), pytest.raises(asyncio.CancelledError):
+            await first
+        assert time.monotonic() - started < HANG - 1  # the grace periods, not the hang
+    finally:
+        fault.release.set()
+    assert tracker.state is TrackerState.CLOSED
+    assert storage.closed == 1
+    assert "1 dumps were not written before the close was cancelled" in caplog.text
 
 
 # --------------------------------------------------------------------------- admit vs crash

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -128,7 +129,6 @@ class Runner:
         self._start_done: anyio.Event | None = None  # admit_early(): set when start() ends
         self._closing: asyncio.Task[None] | None = None  # close(): the one task that closes
         self._drain_scope: anyio.CancelScope | None = None  # close(): the drain's wait
-        self._give_up = False  # close() was cancelled without a budget: stop draining
 
     # ------------------------------------------------------------------ parts
 
@@ -392,6 +392,8 @@ class Runner:
             self.state = TrackerState.CLOSING
         self.queue.close()
         self._stop_ticker.set()  # the task group ends when the workers and the ticker have
+        drain_end = math.inf if timeout is None else anyio.current_time() + timeout
+        self._drain_scope = anyio.CancelScope(deadline=drain_end)
         closing = asyncio.get_running_loop().create_task(
             self._close(timeout), name=f"trajtrack-close:{self._url}"
         )
@@ -402,11 +404,15 @@ class Runner:
         except anyio.get_cancelled_exc_class():
             # Cancelled (an outer timeout, a task group): finish the bounded work first, or
             # the record and the storage's release are skipped. Without a budget the drain is
-            # cut short now; then only the steps' grace periods remain.
+            # cut short now (the only way it ends unfinished); then only the steps' grace
+            # periods remain.
             if timeout is None:
-                self._cut_short()
+                self._drain_scope.cancel()
             with anyio.CancelScope(shield=True):
-                await finished_within(closing, self._close_bound(timeout), abandon=True)
+                try:
+                    await finished_within(closing, self._close_bound(timeout), abandon=True)
+                except Exception as exc:  # the cancellation goes on, not replaced by this
+                    logger.warning("the cancelled close of %s ended with: %s", self._url, exc)
             raise
 
     async def _join_close(self, closing: asyncio.Task[None], timeout: float | None) -> None:
@@ -421,18 +427,13 @@ class Runner:
         # and for each step of _finish (a few are added for the steps' own overheads).
         return (0.0 if timeout is None else timeout) + 8 * _GRACE
 
-    def _cut_short(self) -> None:
-        self._give_up = True
-        if self._drain_scope is not None:
-            self._drain_scope.cancel()
-
     async def _close(self, timeout: float | None) -> None:
         assert self._close_done is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             unfinished = await self._drain(timeout)
-            if self._give_up:
-                deadline = time.monotonic()  # cancelled: each step only gets its grace
+            if unfinished and timeout is None:
+                deadline = time.monotonic()  # cut short: each step only gets its grace
             await self._finish(deadline, seal=not unfinished and self._fatal is None)
         finally:
             self.state = TrackerState.CLOSED
@@ -441,8 +442,7 @@ class Runner:
             raise self._failed_error()
         if unfinished:
             raise TimeoutError(
-                f"closing {self._url}: {unfinished} dumps were not written "
-                + ("before the close was cancelled" if self._give_up else f"within {timeout} s")
+                f"closing {self._url}: {unfinished} dumps were not written {_when(timeout)}"
             )
         failure = self._ledger.take_failure()
         if failure is not None:
@@ -476,12 +476,9 @@ class Runner:
 
     async def _drain(self, timeout: float | None) -> int:
         assert self._finished is not None
-        with anyio.move_on_after(timeout) as scope:
-            self._drain_scope = scope
-            if self._give_up:
-                scope.cancel()
+        assert self._drain_scope is not None
+        with self._drain_scope:
             await self._finished.wait()
-        self._drain_scope = None
         if self._finished.is_set():
             return 0
         abandoned = self.queue.drain_queued()
@@ -495,12 +492,7 @@ class Runner:
             await self._finished.wait()
         in_flight = self._ledger.settle_all(_not_written)
         count = len(abandoned) + in_flight
-        logger.error(
-            "closing %s: %d dumps were not written %s",
-            self._url,
-            count,
-            "before the close was cancelled" if self._give_up else f"within {timeout} s",
-        )
+        logger.error("closing %s: %d dumps were not written %s", self._url, count, _when(timeout))
         return count
 
     async def _finish(self, deadline: float | None, *, seal: bool) -> None:
@@ -551,6 +543,11 @@ def _leaf(exc: BaseException) -> BaseException:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def _when(timeout: float | None) -> str:
+    # Without a budget, a drain ends unfinished only when a cancelled close cut it short.
+    return "before the close was cancelled" if timeout is None else f"within {timeout} s"
 
 
 def _not_written() -> TimeoutError:
