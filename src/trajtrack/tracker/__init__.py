@@ -4,6 +4,7 @@ Read the modules in this order::
 
     _tracker.py      Tracker: the dump entry points (dump, dump_nowait, dump_threadsafe, ...)
     _runner.py       its lifecycle: start, the supervised workers, flush, drain, close
+    _closing.py      ... close's last steps, each bounded: seal, record, release the storage
     _intake.py       admitting snapshots into the queue; the ways in from another process
     _snapshotter.py  which snapshot a dump gets: copied now, or serialized in a thread
     _snapshot.py     the copy of plain data (CPU and CUDA tensors) taken before dump() returns
@@ -11,7 +12,7 @@ Read the modules in this order::
     _serialize.py    the serializer (torch.save, tensors moved to the CPU)
     _archive.py      the archive writer: torch.save's bytes for tensor data, CRC-32 included
     _torchzip.py     ... its zip container, written in one pass
-    _crc32.py        ... a file's CRC-32 from its pieces' (isal's, where installed)
+    _crc32.py        ... a file's CRC-32 from its pieces' (isal's combine, where installed)
     _queue.py        PendingQueue: bounded by bytes and items, with a full-policy
     _worker.py       the layout interface, and what happens once a write ended (Outcomes)
     _files.py        the files layout: one file per dump, retried (trajtrack._retry)

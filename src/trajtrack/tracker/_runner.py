@@ -9,7 +9,8 @@ raises it promptly, and ``state``/``statistics()`` show it -- instead of workers
 and a ``flush`` that waits out its timeout.
 
 Nothing here waits without a bound: closing drains under the caller's budget, and the steps
-that a hanging storage could block (a thread that cannot be cancelled) are abandoned past it.
+that a hanging storage could block (a thread that cannot be cancelled) are abandoned past it
+(:mod:`~trajtrack.tracker._closing`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from trajtrack._exceptions import TrackerClosedError, TrackerFailedError, Tracke
 from trajtrack._retry import RetryPolicy
 from trajtrack.backends import Storage
 from trajtrack.layouts.names import WriterIdentity
+from trajtrack.tracker._closing import GRACE, close_bound, final_steps, not_written, when
 from trajtrack.tracker._files import FilesLayout
 from trajtrack.tracker._layouts import (
     NOT_STARTED,
@@ -48,10 +50,6 @@ from trajtrack.tracker._worker import Layout, Outcomes
 __all__ = ["Runner", "TrackerState"]
 
 logger = logging.getLogger(__name__)
-
-#: Seconds close() still gives cancelled workers, the final record and the storage's aclose
-#: once its budget is spent (each bounded: a hanging storage costs at most 3 x this).
-_GRACE = 1.0
 
 
 class TrackerState(enum.Enum):
@@ -410,7 +408,7 @@ class Runner:
                 self._drain_scope.cancel()
             with anyio.CancelScope(shield=True):
                 try:
-                    await finished_within(closing, self._close_bound(timeout), abandon=True)
+                    await finished_within(closing, close_bound(timeout), abandon=True)
                 except Exception as exc:  # the cancellation goes on, not replaced by this
                     logger.warning("the cancelled close of %s ended with: %s", self._url, exc)
             raise
@@ -422,11 +420,6 @@ class Runner:
                 f"within {timeout} s"
             )
 
-    def _close_bound(self, timeout: float | None) -> float:
-        # The drain's budget (when it has one), then at most one grace period for the workers
-        # and for each step of _finish (a few are added for the steps' own overheads).
-        return (0.0 if timeout is None else timeout) + 8 * _GRACE
-
     async def _close(self, timeout: float | None) -> None:
         assert self._close_done is not None
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -434,7 +427,11 @@ class Runner:
             unfinished = await self._drain(timeout)
             if unfinished and timeout is None:
                 deadline = time.monotonic()  # cut short: each step only gets its grace
-            await self._finish(deadline, seal=not unfinished and self._fatal is None)
+            assert self._recorder is not None
+            seal = not unfinished and self._fatal is None
+            await final_steps(
+                self._url, self._recorder, self._layout, self._storage, deadline, seal=seal
+            )
         finally:
             self.state = TrackerState.CLOSED
             self._close_done.set()
@@ -442,7 +439,7 @@ class Runner:
             raise self._failed_error()
         if unfinished:
             raise TimeoutError(
-                f"closing {self._url}: {unfinished} dumps were not written {_when(timeout)}"
+                f"closing {self._url}: {unfinished} dumps were not written {when(timeout)}"
             )
         failure = self._ledger.take_failure()
         if failure is not None:
@@ -461,7 +458,7 @@ class Runner:
         if self.state is TrackerState.STARTING:  # still starting: nothing can be written
             self.queue.close(lambda: TrackerClosedError("the tracker closed while starting"))
             self.queue.drain_queued()
-            count = self._ledger.settle_all(_not_written)
+            count = self._ledger.settle_all(not_written)
             logger.error(
                 "closing %s: %d dumps were not written: the storage never started within %s s",
                 self._url,
@@ -483,46 +480,17 @@ class Runner:
             return 0
         abandoned = self.queue.drain_queued()
         for job in abandoned:
-            self._ledger.settle(job.future, error=_not_written())
+            self._ledger.settle(job.future, error=not_written())
         if self._group is not None:
             self._group.cancel_scope.cancel()
         # Workers blocked in a storage thread cannot be cancelled: do not wait long for them,
         # and settle their handles now (a write that still completes is then not reported).
-        with anyio.move_on_after(_GRACE):
+        with anyio.move_on_after(GRACE):
             await self._finished.wait()
-        in_flight = self._ledger.settle_all(_not_written)
+        in_flight = self._ledger.settle_all(not_written)
         count = len(abandoned) + in_flight
-        logger.error("closing %s: %d dumps were not written %s", self._url, count, _when(timeout))
+        logger.error("closing %s: %d dumps were not written %s", self._url, count, when(timeout))
         return count
-
-    async def _finish(self, deadline: float | None, *, seal: bool) -> None:
-        # A storage that hangs must not hang close(): fail_after cannot interrupt a blocking
-        # call in a worker thread, so these steps are abandoned (not awaited) past the budget.
-        assert self._recorder is not None
-        left = 30.0 if deadline is None else max(_GRACE, deadline - time.monotonic())
-        if not seal:  # the drain gave up (or the tracker failed): those dumps already failed
-            await anyio.to_thread.run_sync(self._layout.discard)  # unlinks spool files
-        steps = [(self._recorder.write, "write the final record segment")]
-        if seal:
-            steps.insert(0, (self._layout.seal, "seal the last shard"))
-        steps.append((self._layout.aclose, "stop the spool writer"))
-        for step, what in steps:
-            try:
-                if not await finished_within(step(), left):
-                    logger.error("could not %s of %s in time", what, self._url)
-            except Exception as exc:
-                logger.error("could not %s of %s: %s", what, self._url, exc)
-        if self._storage is not None:
-            await self.release(self._storage, 30.0 if deadline is None else _GRACE)
-        logger.debug("tracker closed: %s", self._url)
-
-    async def release(self, storage: Storage, seconds: float = 30.0) -> None:
-        """Close *storage*, abandoning the wait past *seconds* (it is logged)."""
-        try:
-            if not await finished_within(storage.aclose(), seconds):
-                logger.error("closing the storage of %s did not finish in time", self._url)
-        except Exception as exc:
-            logger.error("closing the storage of %s failed: %s", self._url, exc)
 
     # ------------------------------------------------------------------ statistics
 
@@ -543,12 +511,3 @@ def _leaf(exc: BaseException) -> BaseException:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def _when(timeout: float | None) -> str:
-    # Without a budget, a drain ends unfinished only when a cancelled close cut it short.
-    return "before the close was cancelled" if timeout is None else f"within {timeout} s"
-
-
-def _not_written() -> TimeoutError:
-    return TimeoutError("not written before the close deadline")

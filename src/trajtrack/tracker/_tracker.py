@@ -34,6 +34,7 @@ from trajtrack._retry import RetryPolicy
 from trajtrack.backends import Storage, open_storage
 from trajtrack.layouts.names import WriterIdentity, check_template, validate_name
 from trajtrack.layouts.records import new_writer_id
+from trajtrack.tracker._closing import release
 from trajtrack.tracker._handle import DumpHandle
 from trajtrack.tracker._intake import Intake, make_job
 from trajtrack.tracker._layouts import (
@@ -220,7 +221,7 @@ class Tracker(Intake):
             if opened:
                 self._storage = None  # a later start() opens a fresh one
             with anyio.CancelScope(shield=True):
-                await self._runner.release(storage)
+                await release(self._url, storage)
             raise
         self._snapshots.use_spool_of(self._storage.spool_dir)
         return self
@@ -278,7 +279,7 @@ class Tracker(Intake):
         if self.state is TrackerState.NEW:
             self._runner.mark_closed()
             if self._storage is not None:  # given by the caller: ours to close
-                await self._runner.release(self._storage)
+                await release(self._url, self._storage)
             return
         await self._runner.close(timeout)
 
