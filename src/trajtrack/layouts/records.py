@@ -108,10 +108,6 @@ class DumpRecord:
             out["shard"], out["offset"] = self.shard, self.offset
         return out
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DumpRecord:
-        return cls(*record_fields(data))
-
 
 RecordFields = tuple[str, str, int, str, str, int, int, str, float, str | None, int | None]
 """A record line's values in :class:`DumpRecord`'s field order (what a reader keeps of a line:
