@@ -34,10 +34,15 @@ T = TypeVar("T")
 
 @dataclass(slots=True)
 class Spool:
-    """A payload's bytes, kept for retries, with what the checksum writer computed."""
+    """A payload's bytes, kept for retries, with what the checksum writer computed.
+
+    ``rename_sent``: an attempt sent the publishing RENAME; when that attempt failed, the
+    RENAME may have taken effect with its answer lost (the retry looks at the final file).
+    """
 
     file: IO[bytes]
     result: WriteResult
+    rename_sent: bool = False
 
     def body(self) -> Body:
         self.file.seek(0)

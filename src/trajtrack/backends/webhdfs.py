@@ -12,7 +12,9 @@ A write is one attempt (the tracker retries what is transient):
 2. the spool is uploaded to a hidden temp name next to the final path (two-step CREATE);
 3. GETFILESTATUS checks the temp file has the spooled length;
 4. RENAME publishes it: ``renameoptions=OVERWRITE`` replaces atomically; without overwrite a
-   plain RENAME answers ``{"boolean": false}`` when the name exists (a ``DumpExistsError``);
+   plain RENAME answers ``{"boolean": false}`` when the name exists (a ``DumpExistsError``),
+   except on a retry after a RENAME whose answer was lost: when the existing file has this
+   payload's length and CRC-32 (read back), that RENAME took effect; the write is done;
 5. on any failure the temp file is deleted (best effort; the tracker's sweep catches the rest).
 """
 
@@ -22,6 +24,7 @@ import builtins
 import getpass
 import logging
 import os
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -230,7 +233,7 @@ class WebHdfsStorage:
         with self._clients.client() as client:
             try:
                 self._upload(client, temp, spool)
-                self._publish(client, temp, final, overwrite)
+                self._publish(client, temp, final, spool, overwrite)
             except BaseException as exc:
                 self._remove_quietly(client, temp)
                 if isinstance(exc, StorageError) and exc.retryable:
@@ -259,7 +262,9 @@ class WebHdfsStorage:
                 f"{spool.result.size}; the upload was cut short"
             )
 
-    def _publish(self, client: Client, temp: str, final: str, overwrite: bool) -> None:
+    def _publish(
+        self, client: Client, temp: str, final: str, spool: Spool, overwrite: bool
+    ) -> None:
         what = f"RENAME {temp} -> {final}"
         if overwrite:
             # rename2 with OVERWRITE replaces atomically and answers an empty 200.
@@ -269,16 +274,38 @@ class WebHdfsStorage:
                 lambda: client._rename(temp, destination=final, renameoptions="OVERWRITE"),
             )
             return
+        # Marked before sending: an attempt failing from here on may have renamed.
+        sent_before, spool.rename_sent = spool.rename_sent, True
         response = call(client, what, lambda: client._rename(temp, destination=final))
         if _json_boolean(response):
             return
         # `false` gives no cause: the destination exists, or the temp file vanished.
-        if file_status(client, final) is not None:
-            raise DumpExistsError(
-                f"{self._url}: {final} exists (existing-name policy 'error'); nothing was "
-                f"overwritten"
-            )
-        raise StorageError(f"{what}: the NameNode refused the rename (temp file gone?)")
+        status = file_status(client, final)
+        if status is None:
+            raise StorageError(f"{what}: the NameNode refused the rename (temp file gone?)")
+        # Only an earlier attempt's RENAME, its answer lost, can have made the final this
+        # write's own. Without one the name is someone else's, refused even with the same
+        # bytes (two records would claim one file), and refusing needs no read.
+        if sent_before and self._holds(client, final, status, spool):
+            self._remove_quietly(client, temp)
+            return
+        raise DumpExistsError(
+            f"{self._url}: {final} exists (existing-name policy 'error'); nothing was overwritten"
+        )
+
+    def _holds(self, client: Client, final: str, status: dict[str, Any], spool: Spool) -> bool:
+        """Whether *final* (GETFILESTATUS *status*) has the spooled bytes: length, CRC-32."""
+        if status.get("type") != "FILE" or status.get("length") != spool.result.size:
+            return False
+
+        def crc32() -> int:
+            crc = 0
+            with client.read(final, chunk_size=_SPOOL_CHUNK) as chunks:
+                for chunk in chunks:
+                    crc = zlib.crc32(chunk, crc)
+            return crc
+
+        return f"crc32:{call(client, f'OPEN {final}', crc32):08x}" == spool.result.checksum
 
     def _remove_quietly(self, client: Client, temp: str) -> None:
         try:
