@@ -81,7 +81,6 @@ class PendingQueue:
         self._loop_waiters = 0  # producers waiting in put() for space
         self._wake_scheduled = False  # a cross-thread wake-up is on its way to the loop
         self._space_wake_scheduled = False  # the same, for producers waiting for space
-        self._waker = _Waker(loop, self._set_nonempty)
         # Loop-side wake-ups; replaced after each set so that waiters see fresh events.
         self._nonempty = asyncio.Event()
         self._space_freed = asyncio.Event()
@@ -287,7 +286,6 @@ class PendingQueue:
             self._space.notify_all()
         self._wake_workers(force=True)
         self._wake_space_waiters()
-        self._waker.stop()
 
     # ------------------------------------------------------------------ wake-ups
 
@@ -296,8 +294,8 @@ class PendingQueue:
 
     def _wake_workers(self, *, force: bool = False) -> None:
         # Waking the loop from another thread writes to its self-pipe, a syscall that releases
-        # the GIL: the producer may then wait a whole switch interval to get it back. So wake
-        # only when a worker actually waits, and at most once until the wake-up has run; busy
+        # the GIL: the producer may then wait a switch interval to get it back. So wake only
+        # when a worker actually waits, and at most once until the wake-up has run; busy
         # workers find new jobs when they come back to get().
         in_loop = self._in_loop()
         with self._lock:
@@ -307,8 +305,12 @@ class PendingQueue:
                 self._wake_scheduled = True
         if in_loop:
             self._set_nonempty()
-        else:
-            self._waker.wake()
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._set_nonempty)
+        except RuntimeError:  # the loop is closed: nobody left to wake
+            with self._lock:
+                self._wake_scheduled = False
 
     def _set_nonempty(self) -> None:
         with self._lock:
@@ -347,49 +349,6 @@ class PendingQueue:
 
 def _closed_error() -> Exception:
     return TrackerClosedError("cannot dump: the tracker is closed")
-
-
-class _Waker:
-    """Wakes the event loop on behalf of producer threads, off their critical path.
-
-    ``loop.call_soon_threadsafe`` writes to the loop's self-pipe; that syscall releases the
-    GIL, and getting it back can cost the producer a whole switch interval (5 ms by default)
-    while upload threads serialize. Setting a ``threading.Event`` does not release the GIL, so
-    producers signal this small daemon thread instead, and it makes the syscall.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
-        self._loop = loop
-        self._callback = callback
-        self._event = threading.Event()
-        self._stopped = False
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
-
-    def wake(self) -> None:
-        if self._thread is None:
-            with self._start_lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name="trajtrack-waker", daemon=True
-                    )
-                    self._thread.start()
-        self._event.set()
-
-    def _run(self) -> None:
-        while True:
-            self._event.wait()
-            self._event.clear()
-            try:  # deliver the wake-up even when stopping: close() itself sends one
-                self._loop.call_soon_threadsafe(self._callback)
-            except RuntimeError:  # the loop is closed: nothing left to wake
-                return
-            if self._stopped:
-                return
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._event.set()
 
 
 def _size(job: Job) -> int:
