@@ -159,6 +159,33 @@ def test_a_shard_without_its_record_is_indexed_from_its_headers(
         assert run.load("step2/sample4")["i"] == 14
 
 
+def test_an_unrecorded_shard_whose_first_header_is_corrupt_is_reported(
+    sharded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SyncRun(sharded) as run:
+        first = str(run.info("step0/sample0").shard)
+        lost = {d.name for d in run.list() if d.shard == first}
+    for segment in (sharded / RECORDS_PREFIX).glob("*.jsonl"):  # a crash before the record
+        segment.unlink()
+    with (sharded / first).open("r+b") as shard:  # the first member's name: its checksum fails
+        shard.write(b"\xff" * 16)
+    code, listing = run_json(capsys, "ls", str(sharded))
+    assert code == 0
+    (refused,) = [d for d in listing["dumps"] if d["problem"]]
+    assert refused["path"] == first
+    assert refused["problem"] == "its dumps could not be listed: a corrupt tar header at 0"
+    assert sorted(d["name"] for d in listing["dumps"] if d is not refused) == sorted(
+        set(DUMPS) - lost
+    )
+    code, out, _err = run_cli(capsys, "ls", str(sharded))
+    assert code == 0
+    assert any(first in line and "could not be listed" in line for line in out.splitlines())
+    code, report = run_json(capsys, "verify", str(sharded), "--allow-unrecorded")
+    assert code == 1  # the unrecorded dumps allowed, the shard not
+    failing = [p for p in report["problems"] if p["problem"] != "unrecorded"]
+    assert [(p["path"], p["problem"]) for p in failing] == [(first, "outside")]
+
+
 def test_export_writes_the_files_layout_with_its_record(
     sharded: Path, files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -150,3 +150,16 @@ def test_a_pax_header_names_and_sizes_the_next_member() -> None:
     assert [(m.name, m.size) for m in scan_members(_pax_shard(records))] == [("renamed.pth", 3)]
     with pytest.raises(ShardHeaderError, match="pax size"):
         scan_members(_pax_shard(b"11 size=-1\n"))
+
+
+def test_a_corrupt_header_is_refused_with_the_members_before_it() -> None:
+    # A zero block ends the archive; any other block that is not a header is damage.
+    first = member_header("a.pth", 3, 0) + b"abc" + padding(3)
+    second = bytearray(member_header("b.pth", 3, 0) + b"def" + padding(3))
+    second[0] ^= 0xFF
+    with pytest.raises(ShardHeaderError, match="corrupt tar header at 1024") as caught:
+        scan_members(first + bytes(second) + END_OF_ARCHIVE)
+    assert [m.name for m in caught.value.members] == ["a.pth"]
+    with pytest.raises(ShardHeaderError, match="corrupt tar header at 0") as caught:
+        scan_members(bytes(second) + END_OF_ARCHIVE)
+    assert caught.value.members == []

@@ -175,11 +175,12 @@ def index_members(read: ReadRange, size: int) -> list[Member]:
     is indexed by reading its headers (a window of 64 KiB at a time), never its members'
     data, so its size never sizes memory; and parsed here, in linear time, not by stdlib
     ``tarfile`` (quadratic on a pax header of digits before CPython 3.12.6 and 3.11.10:
-    CVE-2024-6232). Stops at the end of the archive, or at a truncated or corrupt header
-    (the complete members before it are returned: a shard with a final name is complete).
+    CVE-2024-6232). Stops at the end of the archive, or where the shard is cut short (the
+    complete members before it are returned).
 
     Raises:
-        ShardHeaderError: A pax header (or GNU long name) longer than
+        ShardHeaderError: A header block that is not a valid tar header (its checksum or a
+            number wrong), or a pax header (or GNU long name) longer than
             :data:`PAX_HEADER_MAX`, or malformed.
     """
     members: list[Member] = []
@@ -187,9 +188,14 @@ def index_members(read: ReadRange, size: int) -> list[Member]:
     extended: dict[str, str] = {}
     offset = 0
     while offset + BLOCK <= size:
-        header = _header(window.read(offset, BLOCK))
-        if header is None:  # the end blocks, or a damaged tail: keep what came before
+        block = window.read(offset, BLOCK)
+        if len(block) < BLOCK or block == bytes(BLOCK):  # cut short since listed; the end
             break
+        header = _header(block)
+        if header is None:
+            # Damage, not an end: a shard with a final name is complete, so the members
+            # after this block exist but cannot be found; the caller must say so.
+            raise ShardHeaderError(f"a corrupt tar header at {offset}", members)
         name, kind, length = header
         start = offset + BLOCK
         if kind in _EXTENDED:
@@ -241,10 +247,8 @@ class _Window:
 
 
 def _header(block: bytes) -> tuple[str, bytes, int] | None:
-    """A header block's name, type flag and data length; ``None`` for a zero block (the end
-    of the archive) or one that is not a valid header (checksum, numbers)."""
-    if len(block) < BLOCK or block == bytes(BLOCK):
-        return None
+    """A header block's name, type flag and data length; ``None`` for a block that is not a
+    valid header (checksum, numbers)."""
     stored = _number(block[148:156])
     unsigned = sum(block[:148]) + 8 * 0x20 + sum(block[156:])
     signed = unsigned - 256 * sum(b >= 0x80 for b in block[:148] + block[156:])

@@ -257,8 +257,9 @@ def _name_of(path: str, suffix: str) -> str:
 async def _index_shard(storage: Storage, shard: FileInfo, suffix: str) -> list[DumpInfo]:
     """The members of a shard no record describes, from its tar headers alone (ranged reads
     of its headers from a worker thread: never the whole shard, whose size the run sets).
-    A header refused (:class:`~trajtrack.layouts.shards.ShardHeaderError`) is listed as the
-    shard's problem, after the members before it."""
+    A header refused (:class:`~trajtrack.layouts.shards.ShardHeaderError`: corrupt, or a pax
+    header too long or malformed) is listed as the shard's problem, after the members before
+    it: the members after it are there but cannot be found, and the user must be told."""
     if shard.outside:
         return []
 
@@ -272,7 +273,8 @@ async def _index_shard(storage: Storage, shard: FileInfo, suffix: str) -> list[D
         return []
     except ShardHeaderError as exc:
         members = exc.members
-        problem = f"its tar headers are refused: {exc}"
+        after = f" after the first {len(members)}" if members else ""
+        problem = f"its dumps{after} could not be listed: {exc}"
         refused.append(_unrecorded_dump(shard.path, shard.size, shard.mtime, suffix, problem))
     logger.info("%s: indexed %d members of unrecorded shard %s", storage.url, len(members), shard)
     return refused + [
