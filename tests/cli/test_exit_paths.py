@@ -89,6 +89,28 @@ def test_a_corrupt_dump_says_what_is_wrong_never_to_load_it_unsafely(
     assert code == 2 and "weights_only" not in out and "changed since it was written" in out
 
 
+def test_show_of_a_dump_changed_since_written_gives_the_hint_diff_gives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good, bad = _corrupt_copy(tmp_path)
+    _, report = run_json(capsys, "diff", str(good), str(bad))
+    hints = {  # diff's text on run B's dump, before the loader's error
+        d["name"]: d["error"].split("; ")[0].removeprefix("B:")
+        for d in report["dumps"]
+        if d["status"] == "error"
+    }
+    assert hints["step1/obs"].startswith("step1/obs: checksum crc32:")  # same size, CRC-32 not
+    assert hints["step2/obs"].startswith("step2/obs: 70000 bytes stored,")
+    for name, hint in hints.items():
+        assert "changed since it was written" in hint
+        code, out, err = run_cli(capsys, "show", str(bad), name)
+        assert (code, out) == (2, "")
+        assert err.startswith(f"trajtrack show: error: {hint}; {name}: "), err
+        assert "Traceback" not in err and "weights_only" not in err
+    code, _, err = run_cli(capsys, "show", str(good), "step1/obs")  # the same dump, unchanged
+    assert code == 0 and err == ""
+
+
 def test_first_line_keeps_the_cause_of_torchs_refusal() -> None:
     refusal = None
     try:

@@ -13,6 +13,7 @@ import anyio.to_thread
 import numpy as np
 import torch
 
+from trajtrack._exceptions import DumpLoadError, TrajtrackError
 from trajtrack.cli._common import (
     EXIT_OK,
     Streams,
@@ -25,9 +26,11 @@ from trajtrack.cli._parsers import MAX_ITEMS
 from trajtrack.cli._text import show_text_lines, tokenizer_of
 from trajtrack.reader import (
     DumpInfo,
+    Run,
     abbreviate,
     check_report_target,
     open_run,
+    record_disagreement,
     render_dump_report,
     require_matplotlib,
     text_rows,
@@ -50,7 +53,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     tokenizer = await tokenizer_of(args)  # a missing extra or file fails before loading
     async with open_run(args.url) as source:
         info = await source.info(args.name)
-        obj = await source.load(info, unsafe=args.unsafe)
+        obj = await _load(source, info, args.unsafe)
     tree = await anyio.to_thread.run_sync(describe, obj, args.max_items)
     texts = None
     if tokenizer is not None:
@@ -69,6 +72,23 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
         await anyio.to_thread.run_sync(write_atomically, Path(args.html), page)
         streams.note(printable(f"trajtrack show: HTML report written to {args.html}"))
     return EXIT_OK
+
+
+async def _load(source: Run, info: DumpInfo, unsafe: bool) -> Any:
+    """The dump's object. If it cannot be loaded, the error first says how its stored bytes
+    differ from its record, as ``diff`` says it: a dump that changed since it was written is
+    the cause worth reading, not what the loader made of its bytes."""
+    try:
+        return await source.load(info, unsafe=unsafe)
+    except (TrajtrackError, OSError) as exc:
+        try:  # read again: the load gives no bytes back (a local file is loaded in place)
+            stored: bytes | None = await source.read_bytes(info)
+        except (TrajtrackError, OSError):  # gone, or refused: its listed size is what is known
+            stored = None
+        hint = await anyio.to_thread.run_sync(record_disagreement, info.name, info, stored)
+        if hint is None:
+            raise
+        raise DumpLoadError(f"{hint}; {exc}") from exc
 
 
 def _print(streams: Streams, info: DumpInfo, tree: dict[str, Any]) -> None:

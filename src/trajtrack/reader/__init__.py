@@ -34,7 +34,7 @@ Read the modules in this order::
     _batch_reads.py  a batch of dumps read from a remote store (read_remote), grouped
     _local_reads.py  ... and off a local disk, in one worker thread (read_local)
     _pair_checks.py  comparing a pair of dumps once their bytes are read (diff's per-pair work)
-    _diff_result.py  DumpComparison, RunDiff: what diff_runs returns
+    _diff_result.py  DumpComparison, RunDiff: what diff_runs returns; the record hint (show too)
     _diff.py       diff_runs(): two runs paired by name, compared dump by dump
     _export.py     export_run(): any run written out in the files layout
     _report.py     write_diff_report(): the diff as one self-contained HTML page
@@ -51,6 +51,7 @@ from __future__ import annotations
 from trajtrack.reader._batch_reads import dump_batches
 from trajtrack.reader._compare import Difference, Differences, Tolerance, compare
 from trajtrack.reader._diff import DumpComparison, RunDiff, diff_runs
+from trajtrack.reader._diff_result import record_disagreement
 from trajtrack.reader._dump_report import render_dump_report
 from trajtrack.reader._dumps import DumpInfo, RunListing, dump_order, matches
 from trajtrack.reader._export import ExportResult, export_run
@@ -119,6 +120,7 @@ __all__ = [
     "matches",
     "open_run",
     "parse_rows",
+    "record_disagreement",
     "render_diff_report",
     "require_matplotlib",
     "render_dump_report",

@@ -1,5 +1,6 @@
 """What :func:`~trajtrack.reader.diff_runs` returns: a :class:`DumpComparison` per dump name
-in a :class:`RunDiff`, and how a pair's outcome becomes one."""
+in a :class:`RunDiff`, and how a pair's outcome becomes one; :func:`record_disagreement`, the
+hint on a dump that changed since it was written (``diff`` and ``show`` both give it)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ __all__ = [
     "compared",
     "failed",
     "message",
+    "record_disagreement",
 ]
 
 Status = Literal["equal", "different", "only_in_a", "only_in_b", "error"]
@@ -195,15 +197,26 @@ def against_record(
     found = [
         text
         for side, info, stored in (("A", comparison.a, stored_a), ("B", comparison.b, stored_b))
-        if (text := _disagreement(f"{side}:{comparison.name}", info, stored)) is not None
+        if (text := record_disagreement(f"{side}:{comparison.name}", info, stored)) is not None
     ]
     if not found:
         return comparison
     return comparison._replace(error="; ".join([*found, comparison.error or ""]).rstrip("; "))
 
 
-def _disagreement(where: str, info: DumpInfo | None, stored: bytes | int | None) -> str | None:
-    """How the stored dump differs from its record, or ``None`` (the same, or unknown)."""
+def record_disagreement(
+    where: str, info: DumpInfo | None, stored: bytes | int | None
+) -> str | None:
+    """How the stored dump differs from its record, or ``None`` (the same, or unknown): its
+    size, else its CRC-32, against the recorded ones, with the hint that it changed since it
+    was written. Worth its checksum only once a dump failed to load: put first, it names the
+    cause that the loader's error hides.
+
+    Args:
+        where: How the text names the dump (``A:step1/obs``).
+        info: The dump as listed (``None``, or unrecorded: nothing to hold it against).
+        stored: Its bytes as read, its stored size, or ``None`` (its listed size is used).
+    """
     if info is None or not info.recorded:
         return None
     if stored is None:
