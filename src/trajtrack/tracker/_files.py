@@ -24,7 +24,7 @@ from trajtrack._retry import RetryPolicy, retry_async
 from trajtrack.backends import Storage, WriteResult
 from trajtrack.tracker._payloads import FilePayload, release_spool
 from trajtrack.tracker._queue import Job, PendingQueue
-from trajtrack.tracker._worker import Outcomes, Spawn
+from trajtrack.tracker._worker import Layout, Outcomes, Spawn
 
 __all__ = ["BATCH_BYTES", "BATCH_ITEMS", "FilesLayout"]
 
@@ -34,7 +34,7 @@ BATCH_BYTES = 8 << 20
 large ones side by side."""
 
 
-class FilesLayout:
+class FilesLayout(Layout):
     """Writes each job to its own file and reports the outcome at once.
 
     Args:
@@ -129,18 +129,6 @@ class FilesLayout:
         else:
             await _release_spool(job)
             self._outcomes.committed(job, result.size, result.checksum)
-
-    async def seal_after(self, jobs: list[Job]) -> None:
-        return None  # every file is committed when its write returns
-
-    async def seal(self) -> None:
-        return None
-
-    def discard(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
 
 
 _IN_A_SHARD = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 
@@ -15,7 +15,7 @@ from trajtrack.layouts.names import RECORDS_DIR, is_internal_path, parse_temp_pa
 from trajtrack.layouts.records import RECORDS_PREFIX, DumpRecord, decode_segment
 from trajtrack.layouts.shards import Member, ShardHeaderError, index_members, is_shard_path
 from trajtrack.tracker._queue import PendingQueue
-from trajtrack.tracker._worker import Spawn
+from trajtrack.tracker._worker import Layout, Spawn
 
 __all__ = [
     "DEFAULT_SHARD_MAX_AGE",
@@ -62,23 +62,11 @@ class LayoutOptions:
         return storage.spool_dir or self.spool_dir or tempfile.gettempdir()
 
 
-class _NotStarted:
+class _NotStarted(Layout):
     """The layout before start(): there is nothing to write or seal."""
 
     def start(self, spawn: Spawn, queue: PendingQueue, workers: int, stop: anyio.Event) -> None:
         raise TrackerStateError("the tracker has not been started")
-
-    async def seal_after(self, jobs: list[Any]) -> None:
-        return None
-
-    async def seal(self) -> None:
-        return None
-
-    def discard(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
 
 
 NOT_STARTED = _NotStarted()

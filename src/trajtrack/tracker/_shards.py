@@ -39,7 +39,7 @@ from trajtrack.layouts.shards import ShardFormatError, shard_path
 from trajtrack.tracker._payloads import FilePayload
 from trajtrack.tracker._queue import Job, PendingQueue
 from trajtrack.tracker._shard_spool import WRITE_AT, Member, Shard, create_spool
-from trajtrack.tracker._worker import Outcomes, Spawn
+from trajtrack.tracker._worker import Layout, Outcomes, Spawn
 
 __all__ = ["ShardsLayout"]
 
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 _BATCH_BYTES = 8 << 20
 
 
-class ShardsLayout:
+class ShardsLayout(Layout):
     """Packs dumps into tar shards; see the module docstring.
 
     One appender task takes the queued dumps in order, in batches, and appends them in that

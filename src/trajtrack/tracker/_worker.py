@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 import anyio
 
@@ -32,30 +31,29 @@ Spawn = Callable[..., None]
 """``spawn(part, *args)``: run ``await part(*args)`` in the tracker's supervised task group."""
 
 
-class Layout(Protocol):
-    """How jobs become storage files (the files layout; the shards layout)."""
+class Layout:
+    """How jobs become storage files (the files layout; the shards layout).
+
+    A layout that commits each dump as its write returns (the files layout) has nothing to
+    seal, discard or release: it inherits these methods as they are here, doing nothing.
+    """
 
     def start(self, spawn: Spawn, queue: PendingQueue, workers: int, stop: anyio.Event) -> None:
         """Start the layout's tasks with *spawn*: they take jobs from *queue* until it is
         closed and empty (*workers*: how many may upload at once; *stop*: set at close)."""
-        ...
+        raise NotImplementedError
 
     async def seal_after(self, jobs: list[Job]) -> None:
         """Once every job of *jobs* is written (or settled), commit what holds them."""
-        ...
 
     async def seal(self) -> None:
         """Commit everything written so far (close); report the outcomes."""
-        ...
 
     def discard(self) -> None:
         """Drop what is not committed (close gave up); its dumps were already failed."""
-        ...
 
     async def aclose(self) -> None:
-        """Release what the layout holds, after :meth:`seal` or
-        :meth:`discard`."""
-        ...
+        """Release what the layout holds, after :meth:`seal` or :meth:`discard`."""
 
 
 class Outcomes:
