@@ -27,6 +27,7 @@ __all__ = [
     "check_range",
     "check_relative",
     "checksum_of",
+    "write_each",
     "write_each_concurrently",
     "write_payload",
     "write_payload_unbuffered",
@@ -230,6 +231,27 @@ class ChecksumWriter:
 
     def result(self) -> WriteResult:
         return WriteResult(size=self.size, checksum=self.checksum)
+
+
+def write_each(
+    write: Callable[[str, Payload], WriteResult],
+    items: Sequence[tuple[str, Payload]],
+    done: ItemDone | None = None,
+) -> list[WriteResult | Exception]:
+    """``write_atomic_many`` as *write* of each item in turn, blocking (local storages: one
+    worker-thread hop for all of them). Each item's outcome is its result or its exception, in
+    order; *done* hears each as it ends."""
+    outcomes: list[WriteResult | Exception] = []
+    for index, (path, payload) in enumerate(items):
+        outcome: WriteResult | Exception
+        try:
+            outcome = write(path, payload)
+        except Exception as exc:  # this item's outcome; the others go on
+            outcome = exc
+        outcomes.append(outcome)
+        if done is not None:
+            done(index, outcome)
+    return outcomes
 
 
 async def write_each_concurrently(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import functools
 import operator
 import os
 import stat
@@ -48,6 +49,7 @@ from trajtrack.backends._protocol import (
     WriteResult,
     check_range,
     check_relative,
+    write_each,
     write_payload_unbuffered,
 )
 from trajtrack.layouts.names import RECORDS_DIR, WriterIdentity, temp_path_for
@@ -175,24 +177,15 @@ class LocalStorage:
     def _write_many_sync(
         self, items: Sequence[tuple[str, Payload]], overwrite: bool, done: ItemDone | None
     ) -> builtins.list[WriteResult | Exception]:
-        outcomes: builtins.list[WriteResult | Exception] = []
         # The directory of the last file, kept open for the next (dumps of one step share it);
         # one at a time, so that a batch over many directories holds one descriptor, not many.
         directories: dict[tuple[str, ...], int] = {}
+        write = functools.partial(self._write_sync, overwrite=overwrite, directories=directories)
         try:
-            for index, (path, payload) in enumerate(items):
-                outcome: WriteResult | Exception
-                try:
-                    outcome = self._write_sync(path, payload, overwrite, directories)
-                except Exception as exc:  # this item's outcome; the others go on
-                    outcome = exc
-                outcomes.append(outcome)
-                if done is not None:
-                    done(index, outcome)
+            return write_each(write, items, done)
         finally:
             for fd in directories.values():
                 os.close(fd)
-        return outcomes
 
     def _directory(self, key: tuple[str, ...], directories: dict[tuple[str, ...], int]) -> int:
         """The descriptor of directory *key*, the one kept in *directories* (at most one)."""

@@ -7,6 +7,7 @@ cannot produce on demand.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from trajtrack.backends._protocol import (
     WriteResult,
     check_range,
     check_relative,
+    write_each,
     write_payload,
 )
 
@@ -104,22 +106,8 @@ class MemoryStorage:
         overwrite: bool,
         done: ItemDone | None = None,
     ) -> list[WriteResult | Exception]:
-        return await anyio.to_thread.run_sync(self._write_many_sync, items, overwrite, done)
-
-    def _write_many_sync(
-        self, items: Sequence[tuple[str, Payload]], overwrite: bool, done: ItemDone | None
-    ) -> list[WriteResult | Exception]:
-        outcomes: list[WriteResult | Exception] = []
-        for index, (path, payload) in enumerate(items):
-            outcome: WriteResult | Exception
-            try:
-                outcome = self._write_sync(path, payload, overwrite)
-            except Exception as exc:  # this item's outcome; the others go on
-                outcome = exc
-            outcomes.append(outcome)
-            if done is not None:
-                done(index, outcome)
-        return outcomes
+        write = functools.partial(self._write_sync, overwrite=overwrite)
+        return await anyio.to_thread.run_sync(write_each, write, items, done)
 
     def _write_sync(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
         self._check("write", path)
