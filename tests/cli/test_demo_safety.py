@@ -74,6 +74,7 @@ def test_a_report_the_demo_did_not_write_is_kept(
     before = _tree(dest)
     code, _, err = run_cli(capsys, "demo", str(dest), *SMALL)
     assert code == 2 and f"refusing to replace {report}" in err
+    assert "--overwrite" not in err  # the demo has no such flag: only show and diff
     assert _tree(dest) == before  # the runs were not replaced either
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import trajtrack.cli.diff as diff_command
+import trajtrack.cli.show as show_command
 
 from ._runs import run_cli, write_run
 
@@ -98,3 +99,97 @@ def test_non_utf8_names_are_escaped_in_the_reports(
     code, out, err = run_cli(capsys, "show", str(odd), f"{FF}bad", "--html", str(shown))
     assert code == 0, out + err
     assert "\\udcffbad" in shown.read_text(encoding="utf-8")
+
+
+NOTES = b"<p>my notes</p>\n"  # a file of the user's: no report trajtrack wrote
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("command", ["show", "diff"])
+def test_without_overwrite_the_refusal_names_the_flag(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    mine = tmp_path / "notes.html"
+    mine.write_bytes(NOTES)
+    code, out, err = run_cli(capsys, *_args(command, runs), "--html", str(mine))
+    assert code == 2 and out == "", err
+    assert (
+        f"refusing to replace {mine}: it exists and is not an HTML report trajtrack wrote; "
+        "rerun with --overwrite to replace it, or choose another file"
+    ) in err
+    assert mine.read_bytes() == NOTES
+
+
+@pytest.mark.parametrize("command", ["show", "diff"])
+def test_overwrite_replaces_a_file_that_is_not_a_report(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    mine = tmp_path / "notes.html"
+    mine.write_bytes(NOTES)
+    code, _, err = run_cli(capsys, *_args(command, runs), "--html", str(mine), "--overwrite")
+    assert code == (0 if command == "show" else 1), err
+    assert f"HTML report written to {mine}" in err
+    assert '<meta name="generator" content="trajtrack">' in mine.read_text()
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", ["show", "diff"])
+def test_overwrite_replaces_a_link_as_a_link_never_its_target(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    mine = target / "notes.html"
+    mine.write_bytes(NOTES)
+    link = tmp_path / "link.html"
+    link.symlink_to(mine)
+    code, _, err = run_cli(capsys, *_args(command, runs), "--html", str(link), "--overwrite")
+    assert code == (0 if command == "show" else 1), err
+    assert not link.is_symlink()  # the link itself was replaced by the report
+    assert '<meta name="generator" content="trajtrack">' in link.read_text()
+    assert mine.read_bytes() == NOTES  # never written through
+    assert sorted(p.name for p in target.iterdir()) == ["notes.html"]
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", ["show", "diff"])
+def test_overwrite_still_refuses_a_directory_and_a_missing_folder_before_the_work(
+    runs: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    def no_work(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the work began before the output path was checked")
+
+    if command == "diff":
+        monkeypatch.setattr(diff_command, "diff_runs", no_work)
+    else:
+        monkeypatch.setattr(show_command, "open_run", no_work)
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    (folder / "keep").write_bytes(NOTES)
+    code, out, err = run_cli(capsys, *_args(command, runs), "--html", str(folder), "--overwrite")
+    assert code == 2 and out == ""
+    assert f"cannot write {folder}: it is a directory" in err and "Traceback" not in err
+    assert sorted(p.name for p in folder.iterdir()) == ["keep"]
+    assert (folder / "keep").read_bytes() == NOTES
+    missing = tmp_path / "nodir" / "x.html"
+    code, out, err = run_cli(capsys, *_args(command, runs), "--html", str(missing), "--overwrite")
+    assert code == 2 and out == ""
+    assert f"cannot write {missing}: no such directory" in err
+    assert not missing.parent.exists()
+
+
+@pytest.mark.parametrize("command", ["show", "diff"])
+def test_overwrite_without_html_is_a_usage_error(
+    runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    code, out, err = run_cli(capsys, *_args(command, runs), "--overwrite")
+    assert code == 2 and out == ""
+    assert err.startswith("usage: trajtrack ")
+    assert f"trajtrack {command}: error: --overwrite applies only to --html FILE" in err

@@ -143,6 +143,8 @@ def _main(argv: list[str], streams: Streams) -> int:
     parser = _parser([arg for arg in argv if arg in _COMMANDS])  # the command's own, only
     try:
         args = parser.parse_args(argv)
+        if hasattr(args, "check"):  # a command's rule across its options (exits 2 as usage)
+            args.check(args)
     except SystemExit as exc:  # --help, --version, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     _configure_logging(args.verbose, streams.err)

@@ -7,6 +7,7 @@ without importing torch (seconds); the command's module is imported when it runs
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ __all__ = [
     "DemoConfig",
     "add_demo",
     "add_diff",
+    "add_html_options",
     "add_show",
     "add_text_options",
 ]
@@ -91,10 +93,9 @@ def add_show(commands: Any) -> None:
         metavar="N",
         help="children shown per container (default: %(default)s)",
     )
-    parser.add_argument(
-        "--html",
-        metavar="FILE",
-        help="also write a self-contained HTML page with a histogram of each tensor's values; "
+    add_html_options(
+        parser,
+        "also write a self-contained HTML page with a histogram of each tensor's values; "
         "needs pip install 'trajtrack[report]'",
     )
     add_text_options(parser, rows=True)
@@ -168,10 +169,9 @@ def add_diff(commands: Any) -> None:
         metavar="N",
         help="differences printed per dump (default: %(default)s)",
     )
-    parser.add_argument(
-        "--html",
-        metavar="FILE",
-        help="also write a self-contained HTML report (summary, a plot of the differences "
+    add_html_options(
+        parser,
+        "also write a self-contained HTML report (summary, a plot of the differences "
         "dump by dump, the differing dumps, a histogram of the first divergent tensor); "
         "needs pip install 'trajtrack[report]'",
     )
@@ -219,6 +219,25 @@ def add_demo(commands: Any) -> None:
         "dumps) or one .pth file per dump",
     )
     parser.set_defaults(handler=_lazy("demo"))
+
+
+def add_html_options(parser: argparse.ArgumentParser, html_help: str) -> None:
+    """``--html FILE`` and ``--overwrite`` (for ``show`` and ``diff``)."""
+    parser.add_argument("--html", metavar="FILE", help=html_help)
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with --html: replace FILE even if it is not a report trajtrack wrote (a "
+        "symbolic link is replaced as a link, its target left as it is; a directory is "
+        "still refused)",
+    )
+    parser.set_defaults(check=functools.partial(_overwrite_needs_html, parser))
+
+
+def _overwrite_needs_html(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error (exit 2) for ``--overwrite`` without ``--html``: it would replace nothing."""
+    if args.overwrite and not args.html:
+        parser.error("--overwrite applies only to --html FILE: give --html FILE too, or drop it")
 
 
 def add_text_options(parser: argparse.ArgumentParser, *, rows: bool) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 import anyio.to_thread
@@ -43,8 +44,10 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
     tolerance = Tolerance(rtol=args.rtol, atol=args.atol, equal_nan=not args.nan_unequal)
     if args.html:  # fail before a long diff, not after it (file system look-ups: off the loop)
         await anyio.to_thread.run_sync(require_matplotlib)
-        # Its folder exists; the file is absent or a report trajtrack wrote, never the user's.
-        await anyio.to_thread.run_sync(check_report_target, Path(args.html))
+        # Its folder exists; the file is absent or a report trajtrack wrote, never the user's
+        # (with --overwrite: any file, or a link, replaced as a link; never a directory).
+        target = functools.partial(check_report_target, overwrite=args.overwrite)
+        await anyio.to_thread.run_sync(target, Path(args.html))
     tokenizer = await tokenizer_of(args)  # a missing extra or file fails before the diff
     update, close = progress_callback(streams, "diff", quiet=args.quiet)
     async with (
@@ -85,6 +88,7 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
                 run_b=run_b,
                 unsafe=args.unsafe,
                 text=render_text_section(texts) if texts else None,
+                overwrite=args.overwrite,
             )
 
         if args.html and args.json:  # a report that fails leaves no JSON saying exit 0 or 1

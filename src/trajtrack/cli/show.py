@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,8 +49,10 @@ _BATCH_PARTS = ("batch", "non_tensor_batch", "meta_info")
 async def run(args: argparse.Namespace, streams: Streams) -> int:
     if args.html:  # fail before loading, not after (file system look-ups: off the loop)
         await anyio.to_thread.run_sync(require_matplotlib)
-        # Its folder exists; the file is absent or a report trajtrack wrote, never the user's.
-        await anyio.to_thread.run_sync(check_report_target, Path(args.html))
+        # Its folder exists; the file is absent or a report trajtrack wrote, never the user's
+        # (with --overwrite: any file, or a link, replaced as a link; never a directory).
+        target = functools.partial(check_report_target, overwrite=args.overwrite)
+        await anyio.to_thread.run_sync(target, Path(args.html))
     tokenizer = await tokenizer_of(args)  # a missing extra or file fails before loading
     async with open_run(args.url) as source:
         info = await source.info(args.name)
@@ -69,7 +72,8 @@ async def run(args: argparse.Namespace, streams: Streams) -> int:
             streams.line(line)
     if args.html:
         page = await anyio.to_thread.run_sync(lambda: render_dump_report(obj, info, url=args.url))
-        await anyio.to_thread.run_sync(write_atomically, Path(args.html), page)
+        write = functools.partial(write_atomically, overwrite=args.overwrite)
+        await anyio.to_thread.run_sync(write, Path(args.html), page)
         streams.note(printable(f"trajtrack show: HTML report written to {args.html}"))
     return EXIT_OK
 

@@ -139,17 +139,22 @@ def report_generator(head: bytes) -> str | None:
     return GENERATOR if text.startswith(_LEGACY_HEAD) else None
 
 
-def check_report_target(path: Path, *, replaces: Collection[str] | None = None) -> None:
+def check_report_target(
+    path: Path, *, replaces: Collection[str] | None = None, overwrite: bool = False
+) -> None:
     """Raise unless a report can be written to *path*, before any work is done for it.
 
     Its folder must exist, and *path* must be absent, or a regular file (not a link) holding
     an HTML report that one of *replaces* wrote (:func:`report_generator`; ``None``: any
-    trajtrack report). Anything else there is the user's: never replaced.
+    trajtrack report). Anything else there is the user's: never replaced, unless *overwrite*
+    (``--overwrite``): then any regular file is replaced, and a symbolic link is replaced as a
+    link (the rename replaces the link itself, never writes through it); a directory or
+    another special file is still refused.
 
     Raises:
         StorageNotFoundError: The folder does not exist.
-        ConfigurationError: *path* is a folder, a link, or a file that is no such report, or
-            its folder is not a folder.
+        ConfigurationError: *path* is a folder, or (without *overwrite*) a link or a file
+            that is no such report, or its folder is not a folder.
     """
     parent = path.parent
     try:
@@ -163,28 +168,45 @@ def check_report_target(path: Path, *, replaces: Collection[str] | None = None) 
         return
     if stat.S_ISDIR(mode):
         raise ConfigurationError(f"cannot write {path}: it is a directory")
-    what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
-    if stat.S_ISREG(mode):
-        with open(path, "rb") as file:
-            generator = report_generator(file.read(_HEAD_BYTES))
-        if generator is not None and (replaces is None or generator in replaces):
-            return
-        what = (
-            "not an HTML report trajtrack wrote"
-            if generator is None
-            else f"a report that {generator!r} wrote, not {' or '.join(map(repr, replaces or ()))}"
-        )
-    raise ConfigurationError(
-        f"refusing to replace {path}: it exists and is {what}; remove it yourself or choose "
-        "another file"
+    replaceable = stat.S_ISREG(mode) or stat.S_ISLNK(mode)  # by a rename, whatever it holds
+    if overwrite and replaceable:
+        return  # nothing is read: a link's target is never opened
+    what = _not_a_report(path, mode, replaces)
+    if what is None:
+        return
+    # --overwrite is named where it would do: show and diff (any trajtrack report), not the
+    # demo (it replaces only its own reports: *replaces*), nor for a FIFO or a device.
+    advice = (
+        "rerun with --overwrite to replace it, or choose another file"
+        if replaceable and replaces is None
+        else "remove it yourself or choose another file"
     )
+    raise ConfigurationError(f"refusing to replace {path}: it exists and is {what}; {advice}")
 
 
-def write_atomically(path: Path, text: str, *, replaces: Collection[str] | None = None) -> None:
+def _not_a_report(path: Path, mode: int, replaces: Collection[str] | None) -> str | None:
+    """What the entry at *path* (its ``lstat`` *mode*) is, if not a report *replaces* wrote."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if not stat.S_ISREG(mode):
+        return "not a regular file"
+    with open(path, "rb") as file:
+        generator = report_generator(file.read(_HEAD_BYTES))
+    if generator is None:
+        return "not an HTML report trajtrack wrote"
+    if replaces is None or generator in replaces:
+        return None
+    return f"a report that {generator!r} wrote, not {' or '.join(map(repr, replaces))}"
+
+
+def write_atomically(
+    path: Path, text: str, *, replaces: Collection[str] | None = None, overwrite: bool = False
+) -> None:
     """Write *text* (UTF-8) to a new temporary file beside *path*, then rename it over *path*.
 
     An existing *path* is replaced only when :func:`check_report_target` allows it (an HTML
-    report one of *replaces* wrote). A lone surrogate left in *text* is written as a visible
+    report one of *replaces* wrote; with *overwrite*, any regular file or symbolic link: the
+    link itself, not its target). A lone surrogate left in *text* is written as a visible
     ``\\udcXX`` escape, never an encoding error.
 
     Raises:
@@ -192,7 +214,7 @@ def write_atomically(path: Path, text: str, *, replaces: Collection[str] | None 
         ConfigurationError: *path* is no report to replace (see :func:`check_report_target`).
         StorageError: The file cannot be written (named by *path*, not the temporary file).
     """
-    check_report_target(path, replaces=replaces)
+    check_report_target(path, replaces=replaces, overwrite=overwrite)
     data = text.encode("utf-8", "backslashreplace")
     while True:  # a name of its own: never a file that happens to be there
         temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")

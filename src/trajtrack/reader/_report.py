@@ -135,6 +135,7 @@ async def write_diff_report(
     max_dumps: int = 200,
     text: str | None = None,
     generator: str = GENERATOR,
+    overwrite: bool = False,
 ) -> None:
     """Write the HTML report of *result* to *path* (replaced atomically).
 
@@ -152,10 +153,14 @@ async def write_diff_report(
         generator: Who the page says wrote it. An existing *path* is replaced only if it is a
             report that trajtrack wrote (with another *generator*: that one wrote); anything
             else there is refused (:func:`~trajtrack.reader.check_report_target`).
+        overwrite: Replace any regular file at *path*, or a symbolic link there (the link
+            itself, never its target), whatever it holds (``diff --overwrite``); a directory
+            is still refused.
 
     Raises:
         MissingDependencyError: matplotlib is not installed (``trajtrack[report]``).
-        ConfigurationError: *path* holds something that is not such a report.
+        ConfigurationError: *path* holds something that is not such a report (with
+            *overwrite*: a directory, or a special file).
         OSError: *path* cannot be written.
     """
     await anyio.to_thread.run_sync(load_matplotlib)  # an import reads files: not on the loop
@@ -174,7 +179,9 @@ async def write_diff_report(
     if generator != GENERATOR:
         page = with_generator(page, generator)
     replaces = None if generator == GENERATOR else (generator,)
-    write = functools.partial(write_atomically, Path(path), page, replaces=replaces)
+    write = functools.partial(
+        write_atomically, Path(path), page, replaces=replaces, overwrite=overwrite
+    )
     await anyio.to_thread.run_sync(write)
 
 
