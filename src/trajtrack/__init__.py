@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib as _importlib
 import typing as _typing
 
-import trajtrack._warm  # noqa: F401  (before any event loop runs: see the module)
 from trajtrack._exceptions import (
     ConfigurationError as ConfigurationError,
     DumpDroppedError as DumpDroppedError,

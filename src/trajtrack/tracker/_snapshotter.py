@@ -16,6 +16,7 @@ Serialization (or a big copy) holds the GIL in pieces, so it never runs on the e
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from typing import Any
@@ -74,7 +75,13 @@ class Snapshotter:
         self._spool_dir = spool_dir
         self._storage_spool: str | None = None
         self._who = who
-        self._limiter = anyio.CapacityLimiter(threads)
+        self._threads = threads
+
+    @functools.cached_property
+    def _limiter(self) -> anyio.CapacityLimiter:
+        # Made on the loop at the first snapshot in a thread, not with the tracker: in a running
+        # loop, anyio loads its backend to make it, which the tracker's start does off the loop.
+        return anyio.CapacityLimiter(self._threads)
 
     def use_spool_of(self, storage_spool: str | None) -> None:
         """Spool large snapshots where the storage can rename them from (its filesystem)."""

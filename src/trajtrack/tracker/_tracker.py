@@ -204,7 +204,7 @@ class Tracker(Intake):
         On failure the storage is closed again (the tracker stays unstarted) and the error
         raised.
         """
-        _require_asyncio()
+        await _on_asyncio()
         if self.state is not TrackerState.NEW and not self._early:
             raise TrackerStateError(f"cannot start: the tracker is {self.state.value}")
         self._early = False
@@ -236,7 +236,7 @@ class Tracker(Intake):
         Raises:
             ConfigurationError: The destination is unusable (raised here, not in the start).
         """
-        _require_asyncio()
+        await _on_asyncio()
         if self.state is not TrackerState.NEW:
             raise TrackerStateError(f"cannot start: the tracker is {self.state.value}")
         if self._storage is None:
@@ -407,13 +407,26 @@ def _policy(value: FullPolicy | str) -> FullPolicy:
         raise ConfigurationError(f"unknown full_policy {value!r}; one of: {known}") from None
 
 
-def _require_asyncio() -> None:
+async def _on_asyncio() -> None:
     """Fail clearly outside asyncio: the tracker's hot path uses asyncio's loop, futures and
-    callbacks directly (anyio's helpers run on its asyncio backend only)."""
+    callbacks directly (anyio's helpers run on its asyncio backend only).
+
+    anyio loads that backend on its first call in a running loop, on the loop's thread: an
+    import of tens of milliseconds (``benchmarks/bench_core.py``: event-loop lag), here in the
+    first ``start`` of the process. anyio's public ``anyio.run`` of a no-op, in a worker thread,
+    loads it first, off the loop.
+    """
+    global _anyio_loaded
     try:
-        asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
     except RuntimeError:
         raise TrackerStateError(
             "trajtrack's Tracker runs on asyncio, and no asyncio event loop is running in this "
             "thread (trio is not supported); from synchronous code use trajtrack.SyncTracker"
         ) from None
+    if not _anyio_loaded:
+        await loop.run_in_executor(None, anyio.run, anyio.lowlevel.checkpoint)
+        _anyio_loaded = True
+
+
+_anyio_loaded = False
