@@ -7,7 +7,6 @@ cannot produce on demand.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -106,7 +105,9 @@ class MemoryStorage:
         overwrite: bool,
         done: ItemDone | None = None,
     ) -> list[WriteResult | Exception]:
-        write = functools.partial(self._write_sync, overwrite=overwrite)
+        def write(path: str, payload: Payload) -> WriteResult:
+            return self._write_sync(path, payload, overwrite)
+
         return await anyio.to_thread.run_sync(write_each, write, items, done)
 
     def _write_sync(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
