@@ -10,7 +10,7 @@ import io
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, NamedTuple, Protocol, runtime_checkable
+from typing import BinaryIO, Final, NamedTuple, Protocol, runtime_checkable
 
 import anyio
 
@@ -27,6 +27,7 @@ __all__ = [
     "check_range",
     "check_relative",
     "checksum_of",
+    "write_all",
     "write_each",
     "write_each_concurrently",
     "write_payload",
@@ -282,6 +283,30 @@ async def write_each_concurrently(
         for index, (path, payload) in enumerate(items):
             group.start_soon(one, index, path, payload)
     return outcomes
+
+
+WRITE_PIECE: Final = 1 << 20
+"""The most bytes one ``write`` call is given: a tensor's storage of many megabytes goes out in
+pieces of this size. While the disk writes back earlier files, Linux pauses a writer that dirties
+pages, and one call of many megabytes was paused several times longer than the same bytes in
+pieces of a megabyte (``benchmarks/bench_core.py``: 16 MB and 256 MB dumps, which the raw
+baseline writes in such pieces)."""
+
+
+def write_all(write: Callable[[memoryview], int | None], data: bytes | memoryview) -> None:
+    """Write all of *data* through *write* (a file's ``write``, or ``os.write`` bound to a
+    descriptor), in pieces of at most :data:`WRITE_PIECE` bytes, resuming where a raw file took
+    only part of one. A *write* that returns ``None`` (a writer that does not count) took all.
+    """
+    view = memoryview(data).cast("B")
+    while view:
+        piece = view[:WRITE_PIECE]
+        written = write(piece)
+        if written is None:
+            written = len(piece)
+        elif not written:
+            raise OSError("the output accepted no more bytes")
+        view = view[written:]
 
 
 def write_payload(payload: Payload, out: BinaryIO) -> WriteResult:

@@ -49,6 +49,7 @@ from trajtrack.backends._protocol import (
     WriteResult,
     check_range,
     check_relative,
+    write_all,
     write_each,
     write_payload_unbuffered,
 )
@@ -180,9 +181,12 @@ class LocalStorage:
         # The directory of the last file, kept open for the next (dumps of one step share it);
         # one at a time, so that a batch over many directories holds one descriptor, not many.
         directories: dict[tuple[str, ...], int] = {}
-        write = functools.partial(self._write_sync, overwrite=overwrite, directories=directories)
         try:
-            return write_each(write, items, done)
+            return write_each(
+                lambda path, payload: self._write_sync(path, payload, overwrite, directories),
+                items,
+                done,
+            )
         finally:
             for fd in directories.values():
                 os.close(fd)
@@ -248,7 +252,7 @@ class LocalStorage:
         fd = os.open(temp, flags, self._file_mode, dir_fd=directory)
         if isinstance(payload, BytesPayload):  # bytes already: written as they are, unbuffered
             try:
-                _write_all(fd, payload.data)
+                write_all(functools.partial(os.write, fd), payload.data)
                 if self._fsync:
                     os.fsync(fd)
             finally:
@@ -364,12 +368,6 @@ class LocalStorage:
 
     def __repr__(self) -> str:
         return f"LocalStorage({str(self._root)!r})"
-
-
-def _write_all(fd: int, data: memoryview) -> None:
-    written = 0
-    while written < data.nbytes:
-        written += os.write(fd, data[written:])
 
 
 _BY_PATH: Final = operator.attrgetter("path")

@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Final, Protocol
 
+from trajtrack.backends import write_all
 from trajtrack.tracker._crc32 import crc32_big, crc32_extend
 
 __all__ = ["PARALLEL_CRC_MIN", "ArchivePlan", "NotArchivable", "Writable"]
@@ -255,14 +256,14 @@ class ArchivePlan:
                 record_crc = zlib.crc32(view)
                 pending.append(view)
             else:
-                _write_all(out, b"".join(pending))
+                write_all(out.write, b"".join(pending))
                 pending = []
                 if worker is not None and size >= PARALLEL_CRC_MIN:
-                    _write_all(out, view)
+                    write_all(out.write, view)
                     record_crc = worker.next_result()
                 else:
                     record_crc = crc32_big(view)
-                    _write_all(out, view)
+                    write_all(out.write, view)
             if size:
                 crc = crc32_extend(crc, view, record_crc, size)
                 descriptor = _descriptor(record_crc, size)
@@ -271,7 +272,7 @@ class ArchivePlan:
             central.append(_central(layout.names[index], layout.offsets[index], size, record_crc))
         tail, crc = self._tail(crc, central)
         pending.append(tail)
-        _write_all(out, b"".join(pending))
+        write_all(out.write, b"".join(pending))
         return crc
 
     def _tail(self, crc: int, central: list[bytes]) -> tuple[bytes, int]:
@@ -339,15 +340,3 @@ class _Crc32Worker:
 
     def cancel(self) -> None:
         self._cancelled = True
-
-
-def _write_all(out: Writable, data: bytes | memoryview) -> None:
-    written = out.write(data)
-    if written is None or written >= len(data):  # None: a writer that does not count
-        return
-    view = memoryview(data)[written:]  # a raw file may write part of it
-    while view:
-        written = out.write(view)
-        if not written:
-            raise OSError("the output accepted no more bytes")
-        view = view[written:]
