@@ -88,3 +88,12 @@ async def test_the_local_storage_writes_ready_bytes_in_pieces(
     monkeypatch.undo()
     assert zlib.crc32((tmp_path / "big.bin").read_bytes()) == zlib.crc32(data)
     assert sizes and max(sizes) <= MIB
+
+
+def test_ready_bytes_reach_any_file_in_pieces() -> None:
+    # The path of bytes from the Ray adapter into a shard or a WebHDFS spool.
+    data = os.urandom(2 * MIB + 3)
+    out = _Recording(accept=700_000)
+    BytesPayload(data).write_to(out)
+    assert zlib.crc32(out.getvalue()) == zlib.crc32(data)
+    assert max(out.sizes) <= MIB

@@ -70,7 +70,7 @@ class BytesPayload:
         return self.data.nbytes
 
     def write_to(self, out: BinaryIO) -> None:
-        out.write(self.data)
+        write_all(out.write, self.data)
 
     def counted(self) -> WriteResult:
         """Size and CRC-32 of the bytes (for a backend that writes ``data`` itself)."""
