@@ -39,13 +39,23 @@ def run_benchmark(tmp_path: Path, script: str, *args: str) -> subprocess.Complet
 
 def test_core_benchmark_quick_smoke_run(tmp_path: Path) -> None:
     done = run_benchmark(
-        tmp_path, "bench_core.py", "--quick", "--only", "latency", "--scratch", str(tmp_path)
+        tmp_path,
+        "bench_core.py",
+        "--quick",
+        "--only",
+        "latency",
+        "paced",
+        "--scratch",
+        str(tmp_path),
     )
     assert "await Tracker.dump" in done.stdout
     result = json.loads((tmp_path / "results" / "core-quick.json").read_text())
     for size in ("4KB", "1MB", "16MB", "256MB"):
         assert set(result["latency"][size]) == {"tracker", "shim", "torch_save"}
         assert result["latency"][size]["tracker"]["n"] >= 1
+    for size in ("16MB", "256MB"):
+        paced = result["paced"][size]
+        assert paced["tracker"]["n"] == paced["torch_save"]["n"] >= 2
 
 
 def test_core_thread_pool_baseline_writes_every_dump(tmp_path: Path) -> None:
