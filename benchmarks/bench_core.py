@@ -65,15 +65,15 @@ def counts(quick: bool) -> dict[str, int]:
     return {"4KB": 3000, "1MB": 300, "16MB": 30, "256MB": 4}
 
 
-async def latency_tracker(obj: Any, n: int, root: Path) -> list[float]:
+async def latency_tracker(obj: Any, n: int, root: Path, pause: float = 0.0) -> list[float]:
     samples = []
     async with Tracker(root, max_pending_bytes=2 << 30) as tracker:
         for i in range(n):
             start = time.perf_counter()
             await tracker.dump(obj, f"d{i}")
             samples.append(time.perf_counter() - start)
-            if i % 64 == 63:
-                await asyncio.sleep(0)  # a real rollouter yields between dumps
+            if pause or i % 64 == 63:
+                await asyncio.sleep(pause)  # a real rollouter yields between dumps
     return samples
 
 
@@ -90,13 +90,15 @@ def latency_shim(obj: Any, n: int, root: Path) -> list[float]:
     return samples
 
 
-def latency_torch_save(obj: Any, n: int, root: Path) -> list[float]:
+def latency_torch_save(obj: Any, n: int, root: Path, pause: float = 0.0) -> list[float]:
     root.mkdir(parents=True, exist_ok=True)
     samples = []
     for i in range(n):
         start = time.perf_counter()
         torch.save(obj, root / f"d{i}.pth")
         samples.append(time.perf_counter() - start)
+        if pause:
+            time.sleep(pause)
     return samples
 
 
@@ -400,28 +402,6 @@ def bench_lag(quick: bool, scratch: Path) -> dict[str, Any]:
 PACED = {"16MB": (30, 0.05), "256MB": (6, 0.5)}  # dumps, and seconds between two of them
 
 
-async def paced_tracker(obj: Any, n: int, pause: float, root: Path) -> list[float]:
-    samples = []
-    async with Tracker(root, max_pending_bytes=2 << 30) as tracker:
-        for i in range(n):
-            start = time.perf_counter()
-            await tracker.dump(obj, f"d{i}")
-            samples.append(time.perf_counter() - start)
-            await asyncio.sleep(pause)
-    return samples
-
-
-def paced_torch_save(obj: Any, n: int, pause: float, root: Path) -> list[float]:
-    root.mkdir(parents=True, exist_ok=True)
-    samples = []
-    for i in range(n):
-        start = time.perf_counter()
-        torch.save(obj, root / f"d{i}.pth")
-        samples.append(time.perf_counter() - start)
-        time.sleep(pause)
-    return samples
-
-
 def bench_paced(quick: bool, scratch: Path) -> dict[str, Any]:
     """The caller's time per dump in a steady stream of large dumps whose files stay, as in
     training: the disk writes back the earlier files meanwhile (a run's dumps stay under the
@@ -439,9 +419,9 @@ def bench_paced(quick: bool, scratch: Path) -> dict[str, Any]:
                 root = scratch / f"paced-{size}-{kind}-{round_}"
                 os.sync()  # each run from a disk that wrote back the runs before it
                 if kind == "tracker":
-                    measured[kind] += asyncio.run(paced_tracker(obj, n, pause, root))
+                    measured[kind] += asyncio.run(latency_tracker(obj, n, root, pause))
                 else:
-                    measured[kind] += paced_torch_save(obj, n, pause, root)
+                    measured[kind] += latency_torch_save(obj, n, root, pause)
         subprocess.run(["rm", "-rf", *map(str, scratch.glob(f"paced-{size}-*"))], check=True)
         os.sync()
         stats = {kind: percentiles(samples) for kind, samples in measured.items()}
