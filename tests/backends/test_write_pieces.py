@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trajtrack.backends import BytesPayload, write_all
-from trajtrack.backends._protocol import WRITE_PIECE
+from trajtrack.backends import WRITE_PIECE, BytesPayload, write_all
 from trajtrack.backends.local import LocalStorage
 from trajtrack.tracker._serialize import serialize_plain
 

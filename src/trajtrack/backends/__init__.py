@@ -23,6 +23,7 @@ Read the modules in this order::
 from __future__ import annotations
 
 from trajtrack.backends._protocol import (
+    WRITE_PIECE,
     BytesPayload,
     ChecksumWriter,
     FileInfo,
@@ -46,6 +47,7 @@ from trajtrack.backends._registry import (
 )
 
 __all__ = [
+    "WRITE_PIECE",
     "BytesPayload",
     "ChecksumWriter",
     "FileInfo",

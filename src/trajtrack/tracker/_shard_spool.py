@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import BinaryIO, Final
 
-from trajtrack.backends import BytesPayload, write_payload
+from trajtrack.backends import WRITE_PIECE, BytesPayload, write_payload
 from trajtrack.layouts.shards import (
     END_OF_ARCHIVE,
     ShardFormatError,
@@ -184,14 +184,26 @@ class Shard:
 
 def _write_all(fd: int, pieces: list[bytes | memoryview]) -> None:
     """Write *pieces* in order with ``writev`` (no joined copy: a fresh megabyte faulted in
-    256 pages, with the GIL held), going on after a short write."""
+    256 pages, with the GIL held), at most :data:`~trajtrack.backends.WRITE_PIECE` bytes a
+    call, going on after a short write. Empty pieces (a member needing no padding) are left
+    out: after the last real byte, a call with nothing to write would return 0 forever."""
+    views = [view for view in (memoryview(piece).cast("B") for piece in pieces) if view]
     index = 0
-    while index < len(pieces):
-        written = os.writev(fd, pieces[index : index + _IOV_MAX])
-        while written and index < len(pieces):
-            size = len(pieces[index])
+    while index < len(views):
+        batch: list[memoryview] = []
+        room = WRITE_PIECE
+        for view in views[index : index + _IOV_MAX]:
+            batch.append(view[:room])
+            room -= len(batch[-1])
+            if not room:
+                break
+        written = os.writev(fd, batch)
+        if not written:
+            raise OSError("the spool file accepted no more bytes")
+        while written:
+            size = len(views[index])
             if written < size:
-                pieces[index] = memoryview(pieces[index])[written:]
+                views[index] = views[index][written:]
                 break
             written -= size
             index += 1
