@@ -405,3 +405,38 @@ async def test_a_member_that_needs_no_padding_is_written(tmp_path: Path) -> None
     (shard,) = shards_of(tmp_path)
     assert members(shard) == {"exact.pth": data}
     assert record.checksum == f"crc32:{zlib.crc32(data):08x}"
+
+
+async def test_large_ready_bytes_are_checksummed_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ready bytes (the Ray adapter's) up to a shard's size join the open shard; their CRC-32
+    # over many megabytes on the loop would stall it. Small ones stay on the loop's route.
+    loop_thread = threading.get_ident()
+    on_loop: list[int] = []
+    real_crc32 = zlib.crc32
+
+    def watched(data: Any, value: int = 0) -> int:
+        if threading.get_ident() == loop_thread:
+            on_loop.append(memoryview(data).nbytes)
+        return real_crc32(data, value)
+
+    monkeypatch.setattr(zlib, "crc32", watched)
+    big = bytes(range(256)) * (12 << 12)  # 12 MiB
+    small = b"s" * 1000
+    async with Tracker(tmp_path, layout="shards", shard_max_bytes=64 << 20) as tracker:
+        handles = [
+            await tracker.dump_serialized(small, "small"),
+            await tracker.dump_serialized(big, "big"),
+        ]
+        with anyio.fail_after(60):  # a hang guard, not a timing
+            await tracker.flush()
+        records = [await h for h in handles]
+    assert max(on_loop, default=0) <= 1 << 20
+    assert len({r.shard for r in records}) == 1  # both in the open shard, in dump order
+    (shard,) = shards_of(tmp_path)
+    assert members(shard) == {"small.pth": small, "big.pth": big}
+    assert [r.checksum for r in records] == [
+        f"crc32:{real_crc32(small):08x}",
+        f"crc32:{real_crc32(big):08x}",
+    ]

@@ -10,11 +10,13 @@ and their records (shard, offset, length, CRC-32) are written. A dump larger tha
 ``max_bytes`` gets a shard of its own. Until its shard is committed a dump's bytes count
 against the tracker's ``max_pending_bytes``; its item slot is freed once it is in the spool.
 
-Serialized small dumps are laid out on the loop and written to the spool a megabyte at a
-time (:mod:`~trajtrack.tracker._shard_spool`) by a worker thread; other payloads are
-appended by a thread, a batch per hop. Thousands of small dumps a second cost a few thread
-hops, not thousands. A spool write that fails fails the dumps it held (typed), and the shard
-goes on without them; a shard whose end cannot be written fails its dumps, not the tracker.
+Serialized small dumps (their CRC-32 known) and ready bytes up to a megabyte are laid out on
+the loop and written to the spool a megabyte at a time (:mod:`~trajtrack.tracker._shard_spool`)
+by a worker thread; other payloads, larger ready bytes among them (their CRC-32 would stall
+the loop), are appended by a thread, a batch per hop. Thousands of small dumps a second cost
+a few thread hops, not thousands. A spool write that fails fails the dumps it held (typed),
+and the shard goes on without them; a shard whose end cannot be written fails its dumps, not
+the tracker.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ from trajtrack.backends import BytesPayload, Storage
 from trajtrack.backends.local import translate
 from trajtrack.layouts.names import WriterIdentity, temp_path_for
 from trajtrack.layouts.shards import ShardFormatError, shard_path
-from trajtrack.tracker._payloads import FilePayload
+from trajtrack.tracker._payloads import FilePayload, SerializedPayload
 from trajtrack.tracker._queue import Job, PendingQueue
-from trajtrack.tracker._shard_spool import WRITE_AT, Member, Shard, create_spool
+from trajtrack.tracker._shard_spool import IN_MEMORY_MAX, WRITE_AT, Member, Shard, create_spool
 from trajtrack.tracker._worker import Layout, Outcomes, Spawn
 
 __all__ = ["ShardsLayout"]
@@ -136,7 +138,7 @@ class ShardsLayout(Layout):
             async with self._lock:
                 shard = self._open or await self._new_shard()
                 self._open = shard
-                if isinstance(jobs[0].payload, BytesPayload):
+                if _ready(jobs[0]):
                     added, jobs = await self._append_bytes(shard, jobs)
                 else:
                     await self._write_pending(shard)  # the file is written in order
@@ -171,7 +173,7 @@ class ShardsLayout(Layout):
         added: list[Job] = []
         rest: list[Job] = []
         for index, job in enumerate(jobs):
-            if shard.size >= self._max_bytes or not isinstance(job.payload, BytesPayload):
+            if shard.size >= self._max_bytes or not _ready(job):
                 rest = jobs[index:]
                 break
             try:
@@ -327,6 +329,14 @@ class ShardsLayout(Layout):
     def _notify(self) -> None:
         event, self._progress = self._progress, anyio.Event()
         event.set()
+
+
+def _ready(job: Job) -> bool:
+    """Whether *job* is laid out on the loop: bytes whose CRC-32 is known or cheap."""
+    payload = job.payload
+    if isinstance(payload, SerializedPayload):
+        return True
+    return isinstance(payload, BytesPayload) and payload.data.nbytes <= IN_MEMORY_MAX
 
 
 def _as_dump_error(exc: Exception, job: Job) -> Exception:
