@@ -11,6 +11,13 @@ instead of one per dump. For 4 KB dumps a hop costs more than the write itself; 
 the hops' round trips through the event loop share the GIL with the dumping caller
 (``benchmarks/bench_core.py``, 1 MB against the thread pool). Remote storages write a batch's
 files concurrently. Dumps of a batch whose write failed transiently are retried one by one.
+
+Batches of small files (:data:`SMALL_BYTES` on average) for a local disk are written one
+after another, the other workers waiting on the loop for their turn: such a file is a few
+system calls, each of which hands the GIL to whichever thread waits for it, and workers writing
+them side by side spent their time handing it back and forth (``bench_core.py`` throughput,
+4 KB). Larger files, and remote storages' writes, which wait on a disk or a network, go side
+by side.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ BATCH_ITEMS = 64
 BATCH_BYTES = 8 << 20
 """A batch's bytes at most: a few mid-size dumps per hop, while four workers still write
 large ones side by side."""
+SMALL_BYTES = 128 << 10
+"""Batches of local files this small on average are written one after another."""
 
 
 class FilesLayout(Layout):
@@ -60,19 +69,36 @@ class FilesLayout(Layout):
         self._retry = retry
         self._overwrite = overwrite
         self._in_shards = in_shards
+        self._local = storage.local_path("") is not None
+        self._turn = anyio.Lock()
 
     def start(self, spawn: Spawn, queue: PendingQueue, workers: int, stop: anyio.Event) -> None:
         for _ in range(workers):  # each file its own write: uploads in parallel
             spawn(self._worker, queue)
 
     async def _worker(self, queue: PendingQueue) -> None:
-        while jobs := await queue.get_batch(BATCH_ITEMS, BATCH_BYTES):
-            if self._in_shards:
-                jobs = await self._refuse_sharded(jobs)
-            if len(jobs) == 1:
-                await self.write(jobs[0])
-            elif jobs:
-                await self._write_batch(jobs)
+        while True:
+            async with self._turn:  # the workers take batches one at a time
+                jobs = await queue.get_batch(BATCH_ITEMS, BATCH_BYTES)
+                if jobs and self._one_at_a_time(jobs):
+                    await self._write_jobs(jobs)  # small local files: the turn is kept
+                    continue
+            if not jobs:
+                return
+            await self._write_jobs(jobs)
+
+    def _one_at_a_time(self, jobs: list[Job]) -> bool:
+        """Whether *jobs* are small files for a local disk, written before the next worker
+        takes a batch (see the module's docstring)."""
+        return self._local and sum(job.nbytes for job in jobs) <= SMALL_BYTES * len(jobs)
+
+    async def _write_jobs(self, jobs: list[Job]) -> None:
+        if self._in_shards:
+            jobs = await self._refuse_sharded(jobs)
+        if len(jobs) == 1:
+            await self.write(jobs[0])
+        elif jobs:
+            await self._write_batch(jobs)
 
     async def _refuse_sharded(self, jobs: list[Job]) -> list[Job]:
         """Fail the jobs whose path a shard holds; the others, to write."""
