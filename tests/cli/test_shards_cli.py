@@ -186,6 +186,34 @@ def test_an_unrecorded_shard_whose_first_header_is_corrupt_is_reported(
     assert [(p["path"], p["problem"]) for p in failing] == [(first, "outside")]
 
 
+def test_an_unrecorded_shard_cut_short_is_reported_with_the_dumps_before_the_cut(
+    sharded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SyncRun(sharded) as run:
+        first = str(run.info("step0/sample0").shard)
+        held = sorted((d for d in run.list() if d.shard == first), key=lambda d: d.offset or 0)
+    for segment in (sharded / RECORDS_PREFIX).glob("*.jsonl"):  # a crash before the record
+        segment.unlink()
+    last = held[-1]
+    assert last.offset is not None
+    with (sharded / first).open("r+b") as shard:  # cut inside its last member
+        shard.truncate(last.offset + last.size // 2)
+    code, listing = run_json(capsys, "ls", str(sharded))
+    assert code == 0
+    (refused,) = [d for d in listing["dumps"] if d["problem"]]
+    assert refused["path"] == first
+    assert refused["problem"].startswith(
+        f"its dumps after the first {len(held) - 1} could not be listed: the shard is cut short"
+    )
+    listed = {d["name"] for d in listing["dumps"] if d is not refused}
+    assert listed == set(DUMPS) - {last.name}
+    with SyncRun(sharded) as run:  # the complete members before the cut are still read
+        assert run.load(held[0].name)["i"] == DUMPS[held[0].name]["i"]
+    code, report = run_json(capsys, "verify", str(sharded), "--allow-unrecorded")
+    assert code == 1  # the unrecorded dumps allowed, the cut shard not
+    assert first in {p["path"] for p in report["problems"] if p["problem"] != "unrecorded"}
+
+
 def test_export_writes_the_files_layout_with_its_record(
     sharded: Path, files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -53,7 +53,16 @@ def test_members_are_found_again_from_the_headers() -> None:
     shard.write(END_OF_ARCHIVE)
     data = shard.getvalue()
     assert [(m.name, m.offset, m.size) for m in scan_members(data)] == expected
-    assert [m.name for m in scan_members(data[: expected[1][1] + 100])] == ["a.pth"]  # cut
+    # Cut short inside a member, or before the end-of-archive blocks: refused, with the
+    # complete members before the cut (a shard is renamed into place whole: this is damage).
+    names = [name for name, *_ in expected]
+    for cut, before in (
+        (expected[1][1] + 100, names[:1]),
+        (len(data) - len(END_OF_ARCHIVE), names),
+    ):
+        with pytest.raises(ShardHeaderError, match=f"cut short at byte {cut}") as caught:
+            scan_members(data[:cut])
+        assert [m.name for m in caught.value.members] == before
 
 
 def test_shard_names_never_look_like_a_dump() -> None:
@@ -125,7 +134,8 @@ def _pax_shard(records: bytes) -> bytes:
     info = tarfile.TarInfo("././@PaxHeader")
     info.type, info.size = tarfile.XHDTYPE, len(records)
     member = member_header("a.pth", 3, 0) + b"abc" + padding(3)
-    return info.tobuf(tarfile.USTAR_FORMAT) + records + padding(len(records)) + member
+    header = info.tobuf(tarfile.USTAR_FORMAT) + records + padding(len(records))
+    return header + member + END_OF_ARCHIVE
 
 
 def test_an_oversized_pax_header_is_refused_without_parsing_it() -> None:

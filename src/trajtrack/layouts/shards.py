@@ -157,10 +157,11 @@ _WINDOW: Final = 64 << 10  # bytes read at a time: the headers of a run of small
 
 
 class ShardHeaderError(DumpLoadError):
-    """A shard's tar headers cannot be indexed (an oversized or malformed pax header).
+    """A shard's tar headers cannot be indexed (a corrupt header, an oversized or malformed pax
+    header, or the shard cut short).
 
     Attributes:
-        members: The members found before the header refused.
+        members: The members found before the header refused (or the cut).
     """
 
     def __init__(self, message: str, members: list[Member]) -> None:
@@ -175,22 +176,24 @@ def index_members(read: ReadRange, size: int) -> list[Member]:
     is indexed by reading its headers (a window of 64 KiB at a time), never its members'
     data, so its size never sizes memory; and parsed here, in linear time, not by stdlib
     ``tarfile`` (quadratic on a pax header of digits before CPython 3.12.6 and 3.11.10:
-    CVE-2024-6232). Stops at the end of the archive, or where the shard is cut short (the
-    complete members before it are returned).
+    CVE-2024-6232). Stops at the end of the archive.
 
     Raises:
         ShardHeaderError: A header block that is not a valid tar header (its checksum or a
             number wrong), or a pax header (or GNU long name) longer than
-            :data:`PAX_HEADER_MAX`, or malformed.
+            :data:`PAX_HEADER_MAX`, or malformed; or the shard ends before its end-of-archive
+            blocks (the members before the cut are in the error: the caller reports the cut).
     """
     members: list[Member] = []
     window = _Window(read, size)
     extended: dict[str, str] = {}
     offset = 0
-    while offset + BLOCK <= size:
-        block = window.read(offset, BLOCK)
-        if len(block) < BLOCK or block == bytes(BLOCK):  # cut short since listed; the end
-            break
+    while True:
+        block = window.read(offset, BLOCK) if offset + BLOCK <= size else b""
+        if block == bytes(BLOCK):  # the end of the archive
+            return members
+        if len(block) < BLOCK:
+            raise _cut_short(offset, size, members)
         header = _header(block)
         if header is None:
             # Damage, not an end: a shard with a final name is complete, so the members
@@ -205,7 +208,7 @@ def index_members(read: ReadRange, size: int) -> list[Member]:
                     members,
                 )
             if start + length > size:
-                break
+                raise _cut_short(offset, size, members)
             body = window.read(start, length)
             if kind == b"L":  # a GNU long name for the next member
                 extended = {"path": body.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")}
@@ -216,11 +219,18 @@ def index_members(read: ReadRange, size: int) -> list[Member]:
             length = _pax_size(extended, length, offset, members)
             extended = {}
             if start + length > size:
-                break
+                raise _cut_short(offset, size, members)
             if kind in _REGULAR:
                 members.append(Member(name, start, length))
         offset = start + length + (-length % BLOCK)
-    return members
+
+
+def _cut_short(offset: int, size: int, members: list[Member]) -> ShardHeaderError:
+    """A shard that ends (at *size*) before the header or member at *offset* does, or before
+    its end-of-archive blocks: a shard is renamed into place complete, so it was damaged."""
+    return ShardHeaderError(
+        f"the shard is cut short at byte {size} (at the entry at {offset})", members
+    )
 
 
 _REGULAR: Final = (b"0", b"\0", b"7")  # a regular file, as old tars write it, contiguous

@@ -257,9 +257,10 @@ def _name_of(path: str, suffix: str) -> str:
 async def _index_shard(storage: Storage, shard: FileInfo, suffix: str) -> list[DumpInfo]:
     """The members of a shard no record describes, from its tar headers alone (ranged reads
     of its headers from a worker thread: never the whole shard, whose size the run sets).
-    A header refused (:class:`~trajtrack.layouts.shards.ShardHeaderError`: corrupt, or a pax
-    header too long or malformed) is listed as the shard's problem, after the members before
-    it: the members after it are there but cannot be found, and the user must be told."""
+    A header refused (:class:`~trajtrack.layouts.shards.ShardHeaderError`: corrupt, a pax
+    header too long or malformed, or the shard cut short) is listed as the shard's problem,
+    after the members before it: the members after it cannot be found, and the user must be
+    told."""
     if shard.outside:
         return []
 
