@@ -237,28 +237,24 @@ class PendingQueue:
                     self._pending_items -= 1
         self._wake_space_waiters()
 
-    async def get_batch(
-        self, max_items: int, max_bytes: int, cost: Callable[[Job], int] | None = None
-    ) -> list[Job]:
+    async def get_batch(self, max_items: int, max_bytes: int) -> list[Job]:
         """The next job, waiting, plus what is already queued behind it, within the limits.
 
         Empty once the queue is closed and empty. A batch never waits for more jobs: it takes
-        what is there (one thread hop for many small dumps). *cost*: what a job counts
-        against *max_bytes* (default: its size).
+        what is there (one thread hop for many small dumps).
         """
         first = await self.get()
         if first is None:
             return []
-        size = cost or _size
         batch = [first]
-        nbytes = size(first)
+        nbytes = first.nbytes
         with self._lock:
             while (
-                self._jobs and len(batch) < max_items and nbytes + size(self._jobs[0]) <= max_bytes
+                self._jobs and len(batch) < max_items and nbytes + self._jobs[0].nbytes <= max_bytes
             ):
                 job = self._jobs.popleft()
                 batch.append(job)
-                nbytes += size(job)
+                nbytes += job.nbytes
         return batch
 
     def drain_queued(self) -> list[Job]:
@@ -349,7 +345,3 @@ class PendingQueue:
 
 def _closed_error() -> Exception:
     return TrackerClosedError("cannot dump: the tracker is closed")
-
-
-def _size(job: Job) -> int:
-    return job.nbytes
