@@ -19,12 +19,7 @@ from urllib.parse import unquote, urlsplit
 
 from trajtrack._exceptions import ConfigurationError
 
-__all__ = [
-    "ENDPOINTS_ENV",
-    "WebHdfsTarget",
-    "load_hadoop_conf",
-    "resolve_target",
-]
+__all__ = ["WebHdfsTarget", "resolve_target"]
 
 #: Environment variable with the WebHDFS endpoints for ``hdfs://`` URLs.
 ENDPOINTS_ENV = "TRAJTRACK_WEBHDFS_URL"

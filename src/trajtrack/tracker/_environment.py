@@ -20,15 +20,12 @@ from trajtrack._exceptions import ConfigurationError
 
 __all__ = [
     "DEFAULT_EXIT_TIMEOUT",
-    "DIR_VARS",
-    "ENABLE_VARS",
     "destination_from_env",
     "exit_timeout_from_env",
     "is_enabled",
     "tracker_options_from_env",
 ]
 
-ENABLE_VARS = ("VERL_ENABLE_TRACKER", "TRAJTRACK_ENABLE")
 DIR_VARS = ("TRAJTRACK_DIR", "VERL_TRACKER_HDFS_DIR")
 EXIT_TIMEOUT_VAR = "TRAJTRACK_EXIT_TIMEOUT"
 DEFAULT_EXIT_TIMEOUT = 120.0

@@ -60,11 +60,6 @@ class Recorder:
             with self._pending_lock:
                 self._pending.append(record)
 
-    @property
-    def pending(self) -> int:
-        """Records not written yet."""
-        return len(self._pending)
-
     async def write(self) -> None:
         """Write every pending record as one new segment (nothing when there is none).
 
