@@ -7,6 +7,7 @@ cannot produce on demand.
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,18 +35,6 @@ __all__ = ["MemoryStorage"]
 #: raise (a failure) or block (a hang). Operations: "write", "commit", "read", "list", "stat",
 #: "delete", "prepare".
 Fault = Callable[[str, str], None]
-
-
-class _Buffer:
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        self.chunks.append(bytes(data))
-        return len(self.chunks[-1])
-
-    def flush(self) -> None:
-        pass
 
 
 class MemoryStorage:
@@ -112,9 +101,9 @@ class MemoryStorage:
 
     def _write_sync(self, path: str, payload: Payload, overwrite: bool) -> WriteResult:
         self._check("write", path)
-        buffer = _Buffer()
-        result = write_payload(payload, buffer)  # type: ignore[arg-type]  # a minimal BinaryIO
-        data = b"".join(buffer.chunks)
+        buffer = io.BytesIO()
+        result = write_payload(payload, buffer)
+        data = buffer.getvalue()
         self._check("commit", path)
         key = self._key(path)
         with self._lock:
