@@ -91,14 +91,11 @@ def _from_hdfs_error(exc: HdfsError, what: str, status: int | None) -> StorageEr
     if wrapped and name in (None, "RemoteException", "IOException"):
         name = wrapped.group(1).rpartition(".")[2]
     text = f"{what}: {name + ': ' if name else ''}{_short(message) or 'no message'}"
-    if status == 401 or message.startswith("Authentication failure"):
+    refused = status == 401 or message.startswith("Authentication failure")
+    if refused or name in _PERMISSION_EXCEPTIONS:
         return StoragePermissionError(text, remote_exception=name)
-    if name in _PERMISSION_EXCEPTIONS:
-        return StoragePermissionError(text, remote_exception=name)
-    if name in _TRANSIENT_EXCEPTIONS:
-        return StorageUnavailableError(text, remote_exception=name)
     lowered = message.lower()
-    if any(marker in lowered for marker in _TRANSIENT_MESSAGES):
+    if name in _TRANSIENT_EXCEPTIONS or any(marker in lowered for marker in _TRANSIENT_MESSAGES):
         return StorageUnavailableError(text, remote_exception=name)
     if name in _NOT_FOUND_EXCEPTIONS:
         return StorageNotFoundError(text, remote_exception=name)
