@@ -78,7 +78,7 @@ class SyncTracker:
         try:
             self._portal.call(self._tracker._admit_early)
         except BaseException:
-            self._stop_portal()
+            self._loop.stop(10)
             raise
         # The storage starts in the background (a dead WebHDFS retries for its whole
         # deadline): dumps queue meanwhile; a failed start fails them, and later ones at once.
@@ -134,13 +134,12 @@ class SyncTracker:
             finished = True
             future.result()
         finally:
-            self._stop_portal(10 if finished else 1)
+            self._loop.stop(10 if finished else 1)
 
     def _wait_with_progress(
         self, future: Any, progress: bool | None, deadline: float | None = None
     ) -> None:
-        start = self.statistics()
-        total = start.pending_items
+        total = self.statistics().pending_items
         bar: Progress | None = None
         began = time.monotonic()
         try:
@@ -154,9 +153,6 @@ class SyncTracker:
         finally:
             if bar is not None:
                 bar.close()
-
-    def _stop_portal(self, join_timeout: float = 10) -> None:
-        self._loop.stop(join_timeout)
 
     def _check_not_own_thread(self, what: str) -> None:
         # Dump callbacks run on the tracker's own thread: waiting there for the tracker would
