@@ -1,5 +1,4 @@
-"""The last steps of closing a tracker, each bounded: seal, record, stop the spool writer,
-release the storage.
+"""The last steps of closing a tracker, each bounded: seal, record, release the storage.
 
 A storage that hangs must not hang ``close()``: ``fail_after`` cannot interrupt a blocking call
 in a worker thread, so each step is abandoned (not awaited) past its budget, and logged.
@@ -43,15 +42,14 @@ async def final_steps(
     seal: bool,
 ) -> None:
     """Seal the open shard (with *seal*; else discard the spool), write the final record
-    segment, stop the spool writer, release *storage*; each within what is left of
-    *deadline* (at least :data:`GRACE`; 30 s each without one)."""
+    segment, release *storage*; each within what is left of *deadline* (at least
+    :data:`GRACE`; 30 s each without one)."""
     left = 30.0 if deadline is None else max(GRACE, deadline - time.monotonic())
-    if not seal:  # the drain gave up (or the tracker failed): those dumps already failed
-        await anyio.to_thread.run_sync(layout.discard)  # unlinks spool files
     steps = [(recorder.write, "write the final record segment")]
     if seal:
         steps.insert(0, (layout.seal, "seal the last shard"))
-    steps.append((layout.aclose, "stop the spool writer"))
+    else:  # the drain gave up (or the tracker failed): those dumps already failed
+        await anyio.to_thread.run_sync(layout.discard)  # unlinks spool files
     for step, what in steps:
         try:
             if not await finished_within(step(), left):

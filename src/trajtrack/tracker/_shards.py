@@ -47,8 +47,6 @@ __all__ = ["ShardsLayout"]
 
 logger = logging.getLogger(__name__)
 
-_BATCH_BYTES = 8 << 20
-
 
 class ShardsLayout(Layout):
     """Packs dumps into tar shards; see the module docstring.
@@ -71,7 +69,7 @@ class ShardsLayout(Layout):
     """
 
     batch_items = 4096
-    batch_bytes = _BATCH_BYTES
+    batch_bytes = 8 << 20
 
     def __init__(
         self,
@@ -316,9 +314,6 @@ class ShardsLayout(Layout):
                 return  # sealed meanwhile (full, or a flush)
             self._open = None
         await self._seal(shard)
-
-    async def aclose(self) -> None:
-        return None
 
     def discard(self) -> None:
         shard, self._open = self._open, None

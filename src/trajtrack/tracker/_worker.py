@@ -35,7 +35,7 @@ class Layout:
     """How jobs become storage files (the files layout; the shards layout).
 
     A layout that commits each dump as its write returns (the files layout) has nothing to
-    seal, discard or release: it inherits these methods as they are here, doing nothing.
+    seal or discard: it inherits these methods as they are here, doing nothing.
     """
 
     def start(self, spawn: Spawn, queue: PendingQueue, workers: int, stop: anyio.Event) -> None:
@@ -51,9 +51,6 @@ class Layout:
 
     def discard(self) -> None:
         """Drop what is not committed (close gave up); its dumps were already failed."""
-
-    async def aclose(self) -> None:
-        """Release what the layout holds, after :meth:`seal` or :meth:`discard`."""
 
 
 class Outcomes:
