@@ -31,14 +31,12 @@ from trajtrack.tracker._forkgate import FORK_GATE
 from trajtrack.tracker._serialize import Serializer, serialize_plain, torch_save
 
 __all__ = [
-    "SPOOL_MEMORY_LIMIT",
     "BytesPayload",
     "DeferredPayload",
     "FilePayload",
     "RELEASING_COPY_MIN_BYTES",
     "ObjectPayload",
     "SerializedPayload",
-    "SpoolPayload",
     "release_spool",
     "serialize_small",
     "serialize_to_file",
@@ -71,13 +69,9 @@ class ObjectPayload:
         cuda_events: list[Any] | None = None,
     ) -> None:
         self.obj = obj
-        self._nbytes = nbytes
+        self.nbytes = nbytes
         self.serializer = serializer
         self._cuda_events = cuda_events or []
-
-    @property
-    def nbytes(self) -> int:
-        return self._nbytes
 
     def materialize(self) -> Any:
         """The copied object, once any device-to-host copy into it has completed."""
@@ -178,26 +172,13 @@ class SpoolPayload:
 
     def __init__(self, spool: tempfile.SpooledTemporaryFile[bytes], nbytes: int) -> None:
         self._spool = spool
-        self._nbytes = nbytes
+        self.nbytes = nbytes
         self._lock = threading.Lock()
-
-    @property
-    def nbytes(self) -> int:
-        return self._nbytes
 
     def write_to(self, out: BinaryIO) -> None:
         with self._lock:  # retries of one payload never overlap, but be explicit about it
             self._spool.seek(0)
             shutil.copyfileobj(self._spool, out, _COPY_CHUNK)
-
-    def getvalue(self) -> bytes:
-        """The serialized bytes (reads a spilled file back into memory)."""
-        buffer = io.BytesIO()
-        self.write_to(buffer)
-        return buffer.getvalue()
-
-    def close(self) -> None:
-        self._spool.close()
 
     def __del__(self) -> None:
         self._spool.close()
