@@ -153,14 +153,14 @@ class LocalStorage:
     def _resolve(self, path: str) -> Path:
         return self._root.joinpath(*check_relative(path).split("/"))
 
-    def _open_dir(self, parts: builtins.list[str], mode: int | None = None) -> int:
+    def _open_dir(self, parts: builtins.list[str]) -> int:
         """A descriptor of the directory ``root/parts...``, creating what is missing, never
         through a link leading out of the destination (:func:`open_directory`)."""
         return open_directory(
             str(self._root),
             parts,
             real_root=self._real_root or os.path.realpath(self._root),
-            create=self._dir_mode if mode is None else mode,
+            create=self._dir_mode,
         )
 
     async def write_atomic(self, path: str, payload: Payload, *, overwrite: bool) -> WriteResult:
@@ -178,8 +178,7 @@ class LocalStorage:
     def _write_many_sync(
         self, items: Sequence[tuple[str, Payload]], overwrite: bool, done: ItemDone | None
     ) -> builtins.list[WriteResult | Exception]:
-        # The directory of the last file, kept open for the next (dumps of one step share it);
-        # one at a time, so that a batch over many directories holds one descriptor, not many.
+        # The last file's directory, open for the next; only that one, however many a batch spans.
         directories: dict[tuple[str, ...], int] = {}
         try:
             return write_each(
@@ -314,8 +313,8 @@ class LocalStorage:
             known_sizes: Sizes the caller already has, by path (a reader: the record's). A
                 regular file at one of these paths (not a link: the directory entry's type
                 says so) is listed with that size and no modification time, without an
-                ``lstat``: one system call less per file. Its real size
-                is then unchecked; reading it tells.
+                ``lstat``: one system call less per file. Its real size is then unchecked;
+                reading it tells.
         """
         return await anyio.to_thread.run_sync(self._list_sync, prefix, known_sizes)
 

@@ -337,8 +337,6 @@ class Runner:
         blocked in a storage thread cannot be interrupted, and when it returns it must still
         settle its dumps (or keep the records for the next segment).
         """
-        if self.state is TrackerState.CLOSED:
-            raise TrackerClosedError("cannot flush: the tracker is closed")
         self.check_running("flush")
         waiting = self._ledger.outstanding()
         step = ["waiting for the storage to start"]  # what the flush is at, for the message

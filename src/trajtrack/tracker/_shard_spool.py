@@ -86,13 +86,6 @@ class Shard:
         self.pending.append(member)
         return member
 
-    def pending_written(self) -> None:
-        """The members laid out so far are in the spool file."""
-        self.members += self.pending
-        self.pending = []
-        self._pieces = []
-        self._written = self.size
-
     def write_pending(self) -> None:
         """Write the members laid out so far (blocking; in a worker thread): one ``writev``.
 
@@ -108,7 +101,10 @@ class Shard:
         except BaseException:
             self._truncate()
             raise
-        self.pending_written()
+        self.members += self.pending
+        self.pending = []
+        self._pieces = []
+        self._written = self.size
 
     def drop_pending(self) -> None:
         """Forget the members laid out and not written (their write failed)."""

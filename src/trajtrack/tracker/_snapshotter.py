@@ -3,9 +3,8 @@
 * Plain data up to ``inline_bytes`` (and CUDA tensors at any size: a device clone plus an
   asynchronous device-to-host copy) is copied right away on the caller's thread, without
   releasing the GIL for small tensors; the upload worker serializes the copy later. For the
-  shards layout, small plain data (up to :data:`SERIALIZE_NOW_MAX_BYTES`) with the default
-  serializer is serialized right away instead, with the archive writer: the shard lays its
-  members out on the event loop from their bytes (:mod:`~trajtrack.tracker._shard_spool`).
+  shards layout, small plain data is serialized right away instead
+  (:data:`SERIALIZE_NOW_MAX_BYTES`).
 * Larger plain data is serialized straight into a named spool file in a worker thread (faster
   than copying it in memory, and it holds no RAM); a local destination then renames that file
   into place.
@@ -114,9 +113,6 @@ class Snapshotter:
             serialized = serialize_small(obj)
             if serialized is not None:
                 return serialized
-        return self._copied(obj, nbytes)
-
-    def _copied(self, obj: Any, nbytes: int | None) -> Payload:
         payload = snapshot_plain(obj, nbytes)
         payload.serializer = self._serializer
         return payload
