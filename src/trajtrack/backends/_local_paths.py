@@ -4,13 +4,11 @@ A run directory is untrusted: anyone who can write to it can plant a symbolic li
 local access goes through one of these, so that no link planted below the root makes a write
 land, a directory appear, or a read come from outside it:
 
-* :func:`open_directory` — a descriptor of ``root/parts...``, each level opened relative to its
-  parent's descriptor with ``O_NOFOLLOW`` (optionally created first); a level that is a link is
-  followed only when it resolves inside the root. The writer's and the bulk reader's way.
-* :func:`resolve_inside` — the path of ``root/relative``, an ``lstat`` per level; through a link,
-  the resolved path if it stays inside. For a single read, and for torch reading a file itself.
-* :class:`DirectoryReader` — many files read below one root, each opened relative to its
-  directory's descriptor (kept for the next file of the same directory).
+* :func:`open_directory` — a descriptor of ``root/parts...``, level by level: the writer's and
+  the bulk reader's way;
+* :func:`resolve_inside` — the path of ``root/relative``: for a single read, and for torch
+  reading a file itself;
+* :class:`DirectoryReader` — many files read below one root.
 """
 
 from __future__ import annotations

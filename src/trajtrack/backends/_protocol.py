@@ -240,8 +240,7 @@ def write_each(
     done: ItemDone | None = None,
 ) -> list[WriteResult | Exception]:
     """``write_atomic_many`` as *write* of each item in turn, blocking (local storages: one
-    worker-thread hop for all of them). Each item's outcome is its result or its exception, in
-    order; *done* hears each as it ends."""
+    worker-thread hop for all of them); outcomes as in :func:`write_each_concurrently`."""
     outcomes: list[WriteResult | Exception] = []
     for index, (path, payload) in enumerate(items):
         outcome: WriteResult | Exception
@@ -334,8 +333,6 @@ def write_payload_unbuffered(payload: Payload, raw: BinaryIO, buffer_size: int) 
 
 
 def _write_counted(payload: Payload, out: BinaryIO) -> WriteResult | None:
-    """The payload's own counted write (``write_counted``), or ``None`` if it has none or
-    declines (then it wrote nothing)."""
     counted = getattr(payload, "write_counted", None)
     return None if counted is None else counted(out)
 

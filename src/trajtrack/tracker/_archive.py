@@ -4,11 +4,8 @@
 computes a CRC-32 of every zip record, after which the tracker computes its own CRC-32 of the
 whole file again: every byte is read twice besides the write, so big dumps are written well
 below the speed of a raw ``write()`` (``benchmarks/bench_archive.py`` measures this module
-against ``torch.save`` and a raw write of the same bytes). This module writes
-the same format itself: it computes the CRC-32 of each storage once (in a helper thread, while
-the caller's thread writes the bytes, for big storages), and derives the whole file's CRC-32
-from the pieces' CRCs (:func:`~trajtrack.tracker._crc32.crc32_extend`) instead of reading the
-data a second time.
+against ``torch.save`` and a raw write of the same bytes). This module writes the same format
+itself, reading each storage once for the CRC-32s (:mod:`~trajtrack.tracker._torchzip`).
 
 The bytes are those ``torch.save(obj, file_object)`` of torch 2.13 writes, record for record
 (``archive/data.pkl``, ``.format_version``, ``.storage_alignment``, ``byteorder``,
@@ -237,10 +234,9 @@ def archive_plan(obj: Any, *, serialization_id: str | None = None) -> ArchivePla
 
 
 # A dict of whole tensors (the typical per-sample dump) pickles to the same bytes whenever its
-# names, dtypes, shapes, strides and requires_grad are the same: its data is not in the pickle,
-# and the storage keys are "0", "1", ... in order. So such a pickle is kept, by that layout, and
-# the next dump of the layout only reads its tensors' attributes (a fifth of the pickler's time
-# for two tensors). Tests check the bytes against a fresh pickle for many layouts.
+# names, dtypes, shapes, strides and requires_grad are the same (its data is not in the pickle;
+# storage keys are "0", "1", ... in order): such a pickle is kept by that layout, and the next
+# dump of it only reads its tensors' attributes. Tests check the bytes against fresh pickles.
 _PICKLES: Final[dict[tuple[Any, ...], bytes]] = {}
 _PICKLES_KEPT: Final = 64
 _FLAT_MAX: Final = 32  # tensors in a dict kept this way

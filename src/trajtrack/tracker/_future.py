@@ -12,9 +12,7 @@ dump`` p50 for 4 KB dumps).
 :class:`DumpFuture` keeps its state in three slots. All futures share one lock, held for a few
 instructions per change of state; a thread that waits gets a :class:`threading.Event` made
 then, and callbacks a list made then. The API is the part of ``concurrent.futures.Future``
-that the tracker uses: :meth:`done`, :meth:`result` and :meth:`exception` with a timeout
-(raising :class:`TimeoutError`), :meth:`add_done_callback`, and :meth:`settle` (once;
-later calls are ignored) instead of ``set_result``/``set_exception``.
+that the tracker uses, with :meth:`~DumpFuture.settle` for ``set_result``/``set_exception``.
 """
 
 from __future__ import annotations

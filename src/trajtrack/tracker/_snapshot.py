@@ -5,13 +5,10 @@ change. Two ways to get there, chosen per object:
 
 * **Plain data** — nested ``dict``/``list``/``tuple`` of tensors, numpy arrays and immutable
   scalars (what trajectories usually are): the containers are rebuilt and the tensors copied
-  (contiguous CPU tensors through numpy, never a torch op, which would release the GIL: holding
-  it up to 256 KiB, releasing it above; other CPU tensors by ``clone``; for CUDA a device clone
-  on the current stream followed by an asynchronous copy into pinned host memory on a side
-  stream). Serialization then happens later, in an
-  upload worker, straight into the destination's temporary file. Copying a 4 KB tensor dict
-  costs far less than ``torch.save``'s per-call setup (``benchmarks/bench_core.py``: 4 KB
-  latency against synchronous ``torch.save``).
+  (:func:`_copy_tensor`: small CPU ones through numpy, CUDA ones asynchronously). Serialization
+  then happens later, in an upload worker, straight into the destination's temporary file.
+  Copying a 4 KB tensor dict costs far less than ``torch.save``'s per-call setup
+  (``benchmarks/bench_core.py``: 4 KB latency against synchronous ``torch.save``).
 * **Anything else** (dataclasses, custom objects, object arrays): serialized once, in a worker
   thread, into a spool (memory up to a limit, then a temporary file, so large objects never
   hold the GIL for a big in-memory copy); the bytes are the snapshot.
@@ -147,24 +144,18 @@ def _copy_tensor(tensor: torch.Tensor, state: _CopyState) -> torch.Tensor:
 
 
 def _detached(tensor: torch.Tensor) -> torch.Tensor:
-    """*tensor* outside autograd: itself, unless it requires grad.
-
-    ``detach()`` is a dispatched torch op, and those release the GIL: with one busy Python
-    thread in the process, the caller may wait a switch interval or two for the GIL back after
-    a ``detach()``, while ``requires_grad`` is an attribute read. A tensor that does not
-    require grad has no graph to leave.
-    """
+    """*tensor* outside autograd: itself, unless it requires grad (it then has no graph to
+    leave). ``detach()`` is a torch op, which releases the GIL (see :func:`_small_copy`);
+    ``requires_grad`` is an attribute read."""
     return tensor.detach() if tensor.requires_grad else tensor
 
 
 SMALL_COPY_MAX_BYTES: Final = 4 << 20
-"""CPU tensors up to this size are copied through numpy, not by a torch op (see
-:func:`_small_copy`).
+"""CPU tensors up to this size are copied through numpy, not by a torch op (:func:`_small_copy`).
 
-As large as the default ``inline_snapshot_bytes``: with the upload workers busy, ``clone`` of
-a 1 MB tensor costs the caller more (waiting for the GIL back after the op released it) than a
-copy that holds the GIL (``benchmarks/bench_core.py`` and ``benchmarks/bench_snapshot.py``: 1 MB
-dumps against the inline loop)."""
+As large as the default ``inline_snapshot_bytes``: with the upload workers busy, ``clone`` of a
+1 MB tensor costs the caller more than a copy that holds the GIL (``benchmarks/bench_core.py``
+and ``benchmarks/bench_snapshot.py``: 1 MB dumps against the inline loop)."""
 
 
 def _small_copy(source: torch.Tensor) -> torch.Tensor | None:
@@ -173,9 +164,9 @@ def _small_copy(source: torch.Tensor) -> torch.Tensor | None:
     ``Tensor.clone`` (like every torch op, even ``view``) releases the GIL. In a process where
     other threads want it (Ray's, the upload workers', an event loop's), each release can cost
     the caller a whole switch interval (5 ms by default) before it gets the GIL back, far
-    longer than copying a small tensor takes. numpy's view
-    of the tensor and ``bytes`` copies of its memory never release it; a copy of at least
-    :data:`RELEASING_COPY_MIN_BYTES` releases it on purpose, while the bytes move.
+    longer than copying a small tensor takes. numpy's view of the tensor and ``bytes`` copies
+    of its memory never release it; a copy of at least :data:`RELEASING_COPY_MIN_BYTES`
+    releases it on purpose, while the bytes move.
     """
     nbytes = source.numel() * source.element_size()
     if (

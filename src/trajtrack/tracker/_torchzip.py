@@ -10,13 +10,12 @@ headers have zero CRC and sizes, and a data descriptor after the data carries th
 purpose flag bit 3), except for empty records, which have neither. torch's reader, Python's
 ``zipfile`` and torch's older readers all accept this: it is what torch writes.
 
-The CRC-32 of each storage is computed once, and the file's CRC-32 is combined from the
-pieces' CRCs (:func:`crc32_extend`, where isal is installed) rather than read again. Storages of
-8 MiB or more get theirs from a helper thread (:data:`crc32_big`, zlib's or ISA-L's, releases
-the GIL) while the writing thread writes the same memory; smaller ones in the writing thread.
-Only headers and a pickle of up to 64 KiB are read a second time, which is cheaper than
-combining. Archives of 4 GiB or more would need zip64 extra fields: they are refused (the
-caller falls back to ``torch.save``).
+The CRC-32 of each storage is computed once (from :data:`PARALLEL_CRC_MIN` on, by a helper
+thread while the writing thread writes the same memory), and the file's CRC-32 is combined from
+the pieces' CRCs (:func:`crc32_extend`, where isal is installed) rather than read again. Only
+headers and a pickle of up to 64 KiB are read a second time, which is cheaper than combining.
+Archives of 4 GiB or more would need zip64 extra fields: they are refused (the caller falls
+back to ``torch.save``).
 """
 
 from __future__ import annotations
@@ -301,9 +300,8 @@ class _Crc32Worker:
     """Computes the CRC-32s of big storages, in order, in a thread of its own.
 
     ``zlib.crc32`` releases the GIL, so it runs on another core while the caller's thread
-    writes the same memory. A thread per archive (its start and join are small next to writing
-    the sizes that use it), not a pool: nothing outlives the write, and a forked
-    child inherits no half-dead pool.
+    writes the same memory. A thread per archive (:data:`PARALLEL_CRC_MIN`), not a pool:
+    nothing outlives the write, and a forked child inherits no half-dead pool.
     """
 
     def __init__(self, views: list[memoryview | bytes]) -> None:

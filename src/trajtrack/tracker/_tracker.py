@@ -230,8 +230,7 @@ class Tracker(Intake):
         """Open the storage and queue dumps from now on, before :meth:`start` (run next,
         concurrently) has prepared it: for the sync shim, whose callers must never wait for a
         storage to come up (a dead WebHDFS would stall each ``dump_data`` for the whole retry
-        deadline). If that start fails the tracker is ``FAILED``: the queued dumps fail with
-        it, later ones at once (see :meth:`Runner.admit_early`).
+        deadline). A failed start fails the tracker (see :meth:`Runner.admit_early`).
 
         Raises:
             ConfigurationError: The destination is unusable (raised here, not in the start).
