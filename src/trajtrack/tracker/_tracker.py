@@ -69,7 +69,7 @@ class Tracker(Intake):
         max_pending_bytes: Memory budget of snapshots admitted but not yet written.
         max_pending_items: Count budget of the same.
         full_policy: ``"block"`` (default), ``"drop_newest"``, ``"drop_oldest"`` or ``"raise"``.
-        workers: Concurrent uploads.
+        workers: Concurrent uploads (batches of small files for a local disk go one at a time).
         name_template: How a dump name becomes a file name; fields ``{name}``, ``{rank}``,
             ``{local_rank}``, ``{world_size}``, ``{pid}``, ``{host}``. Example:
             ``"{name}.rank{rank}"`` keeps many ranks apart in one directory.
