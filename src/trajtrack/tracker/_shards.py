@@ -40,7 +40,7 @@ from trajtrack.layouts.names import WriterIdentity, temp_path_for
 from trajtrack.layouts.shards import ShardFormatError, shard_path
 from trajtrack.tracker._payloads import FilePayload, SerializedPayload
 from trajtrack.tracker._queue import Job, PendingQueue
-from trajtrack.tracker._shard_spool import IN_MEMORY_MAX, WRITE_AT, Member, Shard, create_spool
+from trajtrack.tracker._shard_spool import WRITE_AT, Member, Shard, create_spool
 from trajtrack.tracker._worker import Layout, Outcomes, Spawn
 
 __all__ = ["ShardsLayout"]
@@ -327,11 +327,12 @@ class ShardsLayout(Layout):
 
 
 def _ready(job: Job) -> bool:
-    """Whether *job* is laid out on the loop: bytes whose CRC-32 is known or cheap."""
+    """Whether *job* is laid out on the loop: bytes whose CRC-32 is known, or at most one
+    spool write's worth (:data:`WRITE_AT`); a larger CRC-32 would stall the loop."""
     payload = job.payload
     if isinstance(payload, SerializedPayload):
         return True
-    return isinstance(payload, BytesPayload) and payload.data.nbytes <= IN_MEMORY_MAX
+    return isinstance(payload, BytesPayload) and payload.data.nbytes <= WRITE_AT
 
 
 def _as_dump_error(exc: Exception, job: Job) -> Exception:
