@@ -13,7 +13,9 @@ FORK_WAIT: Final = 2.0  # seconds fork() waits for our threads to leave torch
 
 
 class _ForkGate:
-    """A child inherits every lock held at the moment of the fork, but none of the threads that
+    """Keeps ``fork()`` from happening while one of our threads is inside torch.
+
+    A child inherits every lock held at the moment of the fork, but none of the threads that
     would release them: if an upload thread is in the middle of ``torch.save`` (or a snapshot
     copy) when the user's code forks, torch locks it held stay locked forever in the child.
     Before a fork, this gate stops new torch work by trajtrack's threads and waits (at most
