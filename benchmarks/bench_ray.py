@@ -17,6 +17,10 @@ Side by side in one run, in one process, on one local Ray instance, for a 4 KB t
 * **trajtrack.dump_data** — the per-process sync shim (no Ray in the path), for scale.
 * **await Tracker.dump** — the per-process async tracker on an event loop in its own thread,
   each call timed inside that loop (what an async rollouter's coroutine waits).
+* **copy only** — the floor of ``await Tracker.dump``: a dict comprehension cloning the
+  payload's tensors, timed in the same event loop (a dump must copy what the caller may mutate
+  once the call returns; nothing else is done). Its ratio against verl bounds what any tracker
+  that keeps that promise can reach here.
 * **torch.save(obj, path)** — plain synchronous serialization to a file.
 * **bare actor call** — the floor of any acknowledged dump: ``ray.get`` of a no-op method of an
   async actor (same options as the tracker actor) given the already serialized 4 KB bytes, a
@@ -193,6 +197,16 @@ class _AsyncTracker:
     def dump(self, obj: Any, name: str) -> float:
         return float(self._call(self._timed(obj, name)))
 
+    @staticmethod
+    async def _copy_timed(obj: dict[str, Any]) -> float:
+        start = time.perf_counter()
+        {key: tensor.clone() for key, tensor in obj.items()}
+        return time.perf_counter() - start
+
+    def copy_only(self, obj: Any, name: str) -> float:
+        """The floor of :meth:`dump`: the tensors cloned in the same loop, nothing kept."""
+        return float(self._call(self._copy_timed(obj)))
+
     def flush(self) -> None:
         self._call(self._tracker.flush())
 
@@ -323,6 +337,13 @@ def main() -> None:
                 async_tracker.dump,
                 async_tracker.flush,
                 async_dest,
+                "",
+            ),
+            Variant(
+                "copy only (the snapshot's floor, in the loop)",
+                async_tracker.copy_only,
+                lambda: None,
+                None,
                 "",
             ),
             Variant(
