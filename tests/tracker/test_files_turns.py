@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import torch
 
-from trajtrack import Tracker
+from trajtrack import RetryPolicy, StorageUnavailableError, Tracker
 from trajtrack.backends.local import LocalStorage
 from trajtrack.tracker._files import SMALL_BYTES
 
@@ -67,3 +67,39 @@ async def test_larger_local_files_are_written_side_by_side(tmp_path: Path) -> No
     tensors = [torch.full((count,), float(i)) for i in range(40)]
     storage = await _dump_all(tmp_path, tensors)
     assert storage.most_at_once > 1
+
+
+class FlakyLocalStorage(LocalStorage):
+    """The local backend, whose first two writes of ``d0.pth`` fail transiently."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.failures = 0
+        self.backing_off = threading.Event()  # set at the second failure: a backoff follows
+
+    def _write_sync(self, path: str, payload: Any, overwrite: bool, *rest: Any) -> Any:
+        if path == "d0.pth" and self.failures < 2:
+            self.failures += 1
+            if self.failures == 2:
+                self.backing_off.set()
+            raise StorageUnavailableError("the disk is away for a moment")
+        return super()._write_sync(path, payload, overwrite, *rest)
+
+
+async def test_a_retry_waits_out_its_backoff_without_holding_the_turn(tmp_path: Path) -> None:
+    # Small local files are written one batch at a time; a dump that failed transiently must
+    # not keep the other workers from writing while it waits to be retried.
+    storage = FlakyLocalStorage(str(tmp_path))
+    retry = RetryPolicy(initial_backoff=3.0, jitter=0.0, deadline=60.0)
+    tensors = [torch.full((256,), float(i)) for i in range(2)]
+    async with Tracker(tmp_path, storage=storage, workers=4, retry=retry) as tracker:
+        first = await tracker.dump({"t": tensors[0]}, "d0")
+        with anyio.fail_after(30):  # a hang guard, not a timing
+            assert await anyio.to_thread.run_sync(storage.backing_off.wait, 30)
+            second = await (await tracker.dump({"t": tensors[1]}, "d1"))
+            assert not first.done()  # d0 is still waiting out its 3 s backoff
+            await first
+    assert second.path == "d1.pth"
+    for i, tensor in enumerate(tensors):
+        assert torch.equal(torch.load(tmp_path / f"d{i}.pth", weights_only=True)["t"], tensor)
+    assert tracker.statistics().retries >= 1

@@ -10,19 +10,21 @@ Small and mid-size dumps are written in batches: an upload worker takes what is 
 instead of one per dump. For 4 KB dumps a hop costs more than the write itself; for 1 MB dumps
 the hops' round trips through the event loop share the GIL with the dumping caller
 (``benchmarks/bench_core.py``, 1 MB against the thread pool). Remote storages write a batch's
-files concurrently. Dumps of a batch whose write failed transiently are retried one by one.
+files concurrently. Dumps of a batch whose write failed transiently are retried one by one,
+each under the retry policy.
 
 Batches of small files (:data:`SMALL_BYTES` on average) for a local disk are written one
 after another, the other workers waiting on the loop for their turn: such a file is a few
 system calls, each of which hands the GIL to whichever thread waits for it, and workers writing
 them side by side spent their time handing it back and forth (``bench_core.py`` throughput,
 4 KB). Larger files, and remote storages' writes, which wait on a disk or a network, go side
-by side.
+by side. A retry waits out a backoff: the turn is handed on first.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import TypeGuard
 
 import anyio
 
@@ -80,25 +82,29 @@ class FilesLayout(Layout):
         while True:
             async with self._turn:  # the workers take batches one at a time
                 jobs = await queue.get_batch(BATCH_ITEMS, BATCH_BYTES)
-                if jobs and self._one_at_a_time(jobs):
-                    await self._write_jobs(jobs)  # small local files: the turn is kept
-                    continue
-            if not jobs:
-                return
-            await self._write_jobs(jobs)
+                if not jobs:
+                    return
+                kept = self._one_at_a_time(jobs)
+                if kept:  # small local files: written with the turn kept, retried after it
+                    jobs = await self._write_once(jobs, kept=True)
+            if not kept:
+                jobs = await self._write_once(jobs, kept=False)
+            for job in jobs:  # failed transiently: retried under the policy
+                await self.write(job)
 
     def _one_at_a_time(self, jobs: list[Job]) -> bool:
         """Whether *jobs* are small files for a local disk, written before the next worker
         takes a batch (see the module's docstring)."""
         return self._local and sum(job.nbytes for job in jobs) <= SMALL_BYTES * len(jobs)
 
-    async def _write_jobs(self, jobs: list[Job]) -> None:
+    async def _write_once(self, jobs: list[Job], *, kept: bool) -> list[Job]:
+        """Write *jobs*; those that failed transiently, to retry. A single dump is retried
+        here already unless the worker *kept* the turn for it."""
         if self._in_shards:
             jobs = await self._refuse_sharded(jobs)
         if len(jobs) == 1:
-            await self.write(jobs[0])
-        elif jobs:
-            await self._write_batch(jobs)
+            return [] if await self.write(jobs[0], once=kept) else jobs
+        return await self._write_batch(jobs) if jobs else []
 
     async def _refuse_sharded(self, jobs: list[Job]) -> list[Job]:
         """Fail the jobs whose path a shard holds; the others, to write."""
@@ -111,7 +117,7 @@ class FilesLayout(Layout):
                 kept.append(job)
         return kept
 
-    async def _write_batch(self, jobs: list[Job]) -> None:
+    async def _write_batch(self, jobs: list[Job]) -> list[Job]:
         items = [(job.path, job.payload) for job in jobs]
         again: list[Job] = []
 
@@ -122,7 +128,7 @@ class FilesLayout(Layout):
             if isinstance(outcome, WriteResult):
                 release_spool(job.payload)  # here, in a thread: an unlink
                 self._outcomes.committed(job, outcome.size, outcome.checksum)
-            elif isinstance(outcome, StorageError) and outcome.retryable:
+            elif _transient(outcome):
                 again.append(job)
                 self._outcomes.retrying(f"writing {job.path!r}", 1, 0.0, outcome)
             else:
@@ -133,28 +139,38 @@ class FilesLayout(Layout):
             await self._storage.write_atomic_many(items, overwrite=self._overwrite, done=done)
         except Exception:  # the call itself failed: each dump it did not report, on its own
             again += [job for job in jobs if not job.future.done() and job not in again]
-        for job in again:
-            await self.write(job)  # the retry policy takes over from here
+        return again
 
-    async def write(self, job: Job) -> None:
-        """Write one job, retrying transient failures; report the outcome."""
+    async def write(self, job: Job, *, once: bool = False) -> bool:
+        """Write one job, retrying transient failures; report the outcome.
+
+        With *once*, a transient failure is reported as a retry and the job left unsettled:
+        False, for the caller to retry it later.
+        """
         what = f"writing {job.path!r}"
         write = functools.partial(
             self._storage.write_atomic, job.path, job.payload, overwrite=self._overwrite
         )
+        on_retry = functools.partial(self._outcomes.retrying, what)
         try:
-            result = await retry_async(
-                self._retry,
-                write,
-                what=what,
-                on_retry=functools.partial(self._outcomes.retrying, what),
-            )
+            if once:
+                result = await write()
+            else:
+                result = await retry_async(self._retry, write, what=what, on_retry=on_retry)
         except Exception as exc:  # any failure belongs to this dump, never to the worker
+            if once and _transient(exc):
+                on_retry(1, 0.0, exc)
+                return False
             await _release_spool(job)
             self._outcomes.failed(job, exc)
         else:
             await _release_spool(job)
             self._outcomes.committed(job, result.size, result.checksum)
+        return True
+
+
+def _transient(error: BaseException) -> TypeGuard[StorageError]:
+    return isinstance(error, StorageError) and error.retryable
 
 
 _IN_A_SHARD = (
