@@ -53,9 +53,9 @@ def measure_plain(obj: Any, depth: int = 0) -> int:
         raise NotPlainError("nesting too deep")
     kind = type(obj)
     if kind is torch.Tensor:
-        if obj.layout is not torch.strided or obj.is_quantized or obj.device.type == "meta":
+        if obj.layout is not torch.strided or obj.is_quantized or obj.is_meta:
             raise NotPlainError("special tensor")
-        return int(obj.numel() * obj.element_size()) + _PER_ITEM_OVERHEAD
+        return int(obj.nbytes) + _PER_ITEM_OVERHEAD
     if kind is np.ndarray:
         if obj.dtype.hasobject:
             raise NotPlainError("object array")
@@ -130,11 +130,11 @@ def _copy(obj: Any, state: _CopyState) -> Any:
 
 def _copy_tensor(tensor: torch.Tensor, state: _CopyState) -> torch.Tensor:
     source = _detached(tensor)
-    if source.device.type == "cpu":
+    if source.is_cpu:
         copy = _small_copy(source)
         if copy is None:
             copy = source.clone(memory_format=torch.contiguous_format)
-    elif source.device.type == "cuda":
+    elif source.is_cuda:
         copy = _copy_cuda(source, state)
     else:
         copy = source.to("cpu", copy=True)
@@ -168,13 +168,13 @@ def _small_copy(source: torch.Tensor) -> torch.Tensor | None:
     of its memory never release it; a copy of at least :data:`RELEASING_COPY_MIN_BYTES`
     releases it on purpose, while the bytes move.
     """
-    nbytes = source.numel() * source.element_size()
+    nbytes = source.nbytes
     if (
-        nbytes > SMALL_COPY_MAX_BYTES
+        source.dtype not in NUMPY_DTYPES
+        or nbytes > SMALL_COPY_MAX_BYTES
         or not source.is_contiguous()
         or source.is_conj()
         or source.is_neg()
-        or source.dtype not in NUMPY_DTYPES
     ):
         return None
     view = source.numpy()  # shares memory; holds the GIL
