@@ -3,6 +3,26 @@
 The public API is what this module exports; everything in ``trajtrack._*`` is private.
 ``trajtrack.rollout`` (the fully-async data layer) and ``trajtrack.ray`` (the Ray adapter) are
 imported explicitly by the users who want them.
+
+Read the packages in this order (each has its own reading guide)::
+
+    tracker/    the write path: from dump() to the bytes in storage
+    backends/   storages by URL scheme: local, WebHDFS, memory
+    layouts/    the on-disk format both sides share: names, the record, tar shards
+    reader/     the read path: open_run(), safe loading, compare and diff, the report
+    cli/        the trajtrack command
+    rollout/    verl's fully-async data layer (RolloutSample, RolloutBatch)
+    ray/        one tracker actor for a Ray cluster
+
+and the modules of the package itself::
+
+    _exceptions.py       every exception trajtrack raises
+    _retry.py            RetryPolicy: backoff with jitter under one deadline
+    _environ.py          environment variables read in the per-dump path
+    _loop_thread.py      an event loop on a daemon thread (the sync shim's, SyncRun's)
+    _numpy_standins.py   numpy's pickle reconstructors re-done from data, for safe loading
+    _progress.py         the progress bar on stderr, at a terminal only
+    __main__.py          ``python -m trajtrack``
 """
 
 from __future__ import annotations
