@@ -14,9 +14,32 @@ from trajtrack.tracker._payloads import DeferredPayload
 from trajtrack.tracker._snapshot import (
     RELEASING_COPY_MIN_BYTES,
     SMALL_COPY_MAX_BYTES,
+    NotPlainError,
     _small_copy,
+    measure_plain,
     snapshot_plain,
 )
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # quantized tensors are deprecated
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.ones(2, device="meta"),
+        lambda: torch.ones(2, 2).to_sparse(),
+        lambda: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),
+    ],
+    ids=["meta", "sparse", "quantized"],
+)
+def test_special_tensors_are_not_plain_data(make: Any) -> None:
+    # They go to the serializer whole (torch.save writes them), never to the plain copier.
+    with pytest.raises(NotPlainError):
+        measure_plain({"t": make()})
+
+
+def test_a_tensor_counts_the_bytes_of_its_elements_not_of_its_storage() -> None:
+    view = torch.zeros(100, 8)[:, ::4]  # 200 float32 elements of a 3,200-byte storage
+    assert measure_plain(view) - measure_plain(torch.zeros(0)) == 200 * 4
 
 
 @pytest.mark.parametrize(
