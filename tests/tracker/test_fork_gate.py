@@ -6,8 +6,10 @@ import os
 import threading
 
 import pytest
+import torch
 
 from trajtrack.tracker._forkgate import FORK_GATE
+from trajtrack.tracker._snapshot import snapshot_plain
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -61,3 +63,33 @@ def test_a_stuck_thread_cannot_block_fork_forever() -> None:
     thread.join(30)
     with FORK_GATE.torch_work():  # and the gate works normally afterwards
         pass
+
+
+def _snapshot_during_a_fork(tensor: torch.Tensor) -> bool:
+    """Whether ``snapshot_plain`` of *tensor* finishes on another thread while a fork is
+    under way (the gate closed); the copy is checked against the source either way."""
+    copies: list[dict[str, torch.Tensor]] = []
+    FORK_GATE.before_fork()  # what os.fork() runs first: no torch work may start now
+    try:
+        thread = threading.Thread(
+            target=lambda: copies.append(snapshot_plain({"t": tensor}).materialize())
+        )
+        thread.start()
+        thread.join(0.5)
+        finished_during_fork = not thread.is_alive()
+    finally:
+        FORK_GATE.after_fork_in_parent()
+    thread.join(30)
+    assert torch.equal(copies[0]["t"], tensor)
+    assert copies[0]["t"].data_ptr() != tensor.data_ptr()
+    return finished_during_fork
+
+
+def test_a_copy_by_a_torch_op_waits_for_a_fork() -> None:
+    # Not contiguous: copied by clone, inside torch (where a fork could catch a held lock).
+    assert not _snapshot_during_a_fork(torch.arange(64.0).reshape(8, 8).t())
+
+
+def test_a_numpy_copy_does_not_wait_for_a_fork() -> None:
+    # Small, contiguous, on the CPU: copied through numpy, which takes no torch lock.
+    assert _snapshot_during_a_fork(torch.arange(64.0))

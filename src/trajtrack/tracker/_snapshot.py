@@ -101,8 +101,7 @@ def snapshot_plain(obj: Any, nbytes: int | None = None) -> ObjectPayload:
     """
     state = _CopyState()
     try:
-        with FORK_GATE.torch_work():
-            copy = _copy(obj, state)
+        copy = _copy(obj, state)
     except RuntimeError as exc:  # e.g. a tensor on a device that is gone
         raise SerializationError(f"could not copy a tensor for the snapshot: {exc}") from exc
     size = measure_plain(obj) if nbytes is None else nbytes
@@ -129,6 +128,21 @@ def _copy(obj: Any, state: _CopyState) -> Any:
 
 
 def _copy_tensor(tensor: torch.Tensor, state: _CopyState) -> torch.Tensor:
+    # The fork gate keeps a fork from copying a lock that this thread holds inside a torch op
+    # (clone, a device copy). The numpy copy asks torch only for the tensor's properties, a
+    # numpy view of it and a tensor around numpy's copy, none of which takes a lock, so it
+    # goes without the gate and its two lock round trips: most dumps are small CPU tensors,
+    # and each step on their path costs the caller (benchmarks/bench_ray.py: await
+    # Tracker.dump, calls spaced apart).
+    if not tensor.requires_grad and tensor.is_cpu:
+        copy = _small_copy(tensor)
+        if copy is not None:
+            return copy
+    with FORK_GATE.torch_work():
+        return _torch_copy(tensor, state)
+
+
+def _torch_copy(tensor: torch.Tensor, state: _CopyState) -> torch.Tensor:
     source = _detached(tensor)
     if source.is_cpu:
         copy = _small_copy(source)
