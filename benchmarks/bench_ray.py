@@ -21,6 +21,9 @@ Side by side in one run, in one process, on one local Ray instance, for a 4 KB t
   payload's tensors, timed in the same event loop (a dump must copy what the caller may mutate
   once the call returns; nothing else is done). Its ratio against verl bounds what any tracker
   that keeps that promise can reach here.
+* **least dump** — what any dump that keeps that promise does at the least, in the same loop:
+  the name checked (a safe relative path), the tensors cloned, and the copy queued with a
+  future for the caller's handle. Nothing measures, bounds, logs or writes it.
 * **torch.save(obj, path)** — plain synchronous serialization to a file.
 * **bare actor call** — the floor of any acknowledged dump: ``ray.get`` of a no-op method of an
   async actor (same options as the tracker actor) given the already serialized 4 KB bytes, a
@@ -40,6 +43,7 @@ original, writes ``benchmarks/results/ray.json`` (``ray-quick.json`` with ``--qu
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
 import os
 import shutil
@@ -177,11 +181,14 @@ class _AsyncTracker:
         import threading
 
         from trajtrack import Tracker
+        from trajtrack.layouts.names import plainly_valid
 
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._tracker = Tracker(dest, max_pending_bytes=2 << 30)
+        self._least_queue: collections.deque[Any] = collections.deque()
+        self._plainly_valid = plainly_valid  # one C call for a short ASCII name
         self._call(self._tracker.start())
 
     def _call(self, coro: Any) -> Any:
@@ -206,6 +213,21 @@ class _AsyncTracker:
     def copy_only(self, obj: Any, name: str) -> float:
         """The floor of :meth:`dump`: the tensors cloned in the same loop, nothing kept."""
         return float(self._call(self._copy_timed(obj)))
+
+    async def _least_timed(self, obj: dict[str, Any], name: str) -> float:
+        start = time.perf_counter()
+        if not self._plainly_valid(name):
+            raise ValueError(name)
+        copy = {key: tensor.clone() for key, tensor in obj.items()}
+        self._least_queue.append((name, copy, self._loop.create_future()))
+        elapsed = time.perf_counter() - start
+        self._least_queue.clear()
+        return elapsed
+
+    def least_dump(self, obj: Any, name: str) -> float:
+        """The least any dump does: check the name, copy the tensors, queue them with a future
+        for the caller's handle (nothing measures, bounds or writes them)."""
+        return float(self._call(self._least_timed(obj, name)))
 
     def flush(self) -> None:
         self._call(self._tracker.flush())
@@ -342,6 +364,13 @@ def main() -> None:
             Variant(
                 "copy only (the snapshot's floor, in the loop)",
                 async_tracker.copy_only,
+                lambda: None,
+                None,
+                "",
+            ),
+            Variant(
+                "least dump (name, copy, queue; in the loop)",
+                async_tracker.least_dump,
                 lambda: None,
                 None,
                 "",

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import sys
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -188,3 +191,38 @@ def test_a_deferred_payload_is_made_by_the_writer_once_and_a_failure_is_typed() 
     first.seek(0)
     assert torch.equal(torch.load(first)["x"], torch.arange(3))
     assert first.getvalue() == second.getvalue()
+
+
+@pytest.mark.parametrize(
+    "source",
+    [torch.randn(3, 4), torch.arange(10), torch.tensor(7), torch.randn(4, dtype=torch.complex64)],
+    ids=["2-d", "1-d", "0-d", "complex"],
+)
+def test_a_small_copy_lets_no_other_thread_run(source: torch.Tensor) -> None:
+    # A thread that counts while it holds the GIL. With a long switch interval, it can run
+    # during the copy only if the copy gives the GIL up (as a torch op like clone does).
+    counted, stop = [0], threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            counted[0] += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.05)
+    thread = threading.Thread(target=count)
+    try:
+        thread.start()
+        while not counted[0]:
+            time.sleep(0.001)  # the counter holds the GIL now, and hands it back at intervals
+        runs = []
+        for _ in range(20):
+            before = counted[0]
+            copy = _small_copy(source)
+            runs.append(counted[0] - before)
+    finally:
+        stop.set()
+        thread.join(30)
+        sys.setswitchinterval(interval)
+    assert copy is not None and torch.equal(copy, source)
+    # A forced switch can still land inside one copy (the interval ran out during it).
+    assert sorted(runs)[len(runs) // 2] == 0, runs
