@@ -128,40 +128,27 @@ def _copy(obj: Any, state: _CopyState) -> Any:
 
 
 def _copy_tensor(tensor: torch.Tensor, state: _CopyState) -> torch.Tensor:
-    # The fork gate keeps a fork from copying a lock that this thread holds inside a torch op
-    # (clone, a device copy). The numpy copy asks torch only for the tensor's properties, a
-    # numpy view of it and a tensor around numpy's copy, none of which takes a lock, so it
-    # goes without the gate and its two lock round trips: most dumps are small CPU tensors,
-    # and each step on their path costs the caller (benchmarks/bench_ray.py: await
-    # Tracker.dump, calls spaced apart).
-    if not tensor.requires_grad and tensor.is_cpu:
-        copy = _small_copy(tensor)
-        if copy is not None:
-            return copy
+    # Outside the fork gate (which is for locks held inside torch ops: clone, device copies):
+    # the numpy copy takes none, and most dumps are small CPU tensors, whose every step the
+    # caller waits for (benchmarks/bench_ray.py: await Tracker.dump, calls spaced apart).
+    copy = _small_copy(tensor) if tensor.is_cpu and not tensor.requires_grad else None
+    if copy is not None:
+        return copy
     with FORK_GATE.torch_work():
-        return _torch_copy(tensor, state)
-
-
-def _torch_copy(tensor: torch.Tensor, state: _CopyState) -> torch.Tensor:
-    source = _detached(tensor)
-    if source.is_cpu:
-        copy = _small_copy(source)
-        if copy is None:
-            copy = source.clone(memory_format=torch.contiguous_format)
-    elif source.is_cuda:
-        copy = _copy_cuda(source, state)
-    else:
-        copy = source.to("cpu", copy=True)
-    if tensor.requires_grad:
-        copy.requires_grad_(True)
+        # detach() is a torch op, which releases the GIL (see _small_copy): only a tensor that
+        # requires grad needs it (it then has no graph to leave).
+        source = tensor.detach() if tensor.requires_grad else tensor
+        if source.is_cpu:
+            copy = _small_copy(source)
+            if copy is None:
+                copy = source.clone(memory_format=torch.contiguous_format)
+        elif source.is_cuda:
+            copy = _copy_cuda(source, state)
+        else:
+            copy = source.to("cpu", copy=True)
+        if tensor.requires_grad:
+            copy.requires_grad_(True)
     return copy
-
-
-def _detached(tensor: torch.Tensor) -> torch.Tensor:
-    """*tensor* outside autograd: itself, unless it requires grad (it then has no graph to
-    leave). ``detach()`` is a torch op, which releases the GIL (see :func:`_small_copy`);
-    ``requires_grad`` is an attribute read."""
-    return tensor.detach() if tensor.requires_grad else tensor
 
 
 SMALL_COPY_MAX_BYTES: Final = 4 << 20
