@@ -183,9 +183,9 @@ def _small_copy(source: torch.Tensor) -> torch.Tensor | None:
         copy = np.empty_like(view, order="C")
         np.copyto(copy, view)  # without the GIL, the page faults of the fresh memory included
     else:
-        # One copy, holding the GIL. Through a memoryview: bytearray() of a 0-d integer array
-        # would take its value as a length.
-        copy = np.frombuffer(bytearray(view.data), dtype=view.dtype).reshape(view.shape)
+        # One copy, holding the GIL, and an array made over it in one call. Through a
+        # memoryview: bytearray() of a 0-d integer array would take its value as a length.
+        copy = np.ndarray(view.shape, view.dtype, bytearray(view.data))
     return torch.from_numpy(copy)
 
 
