@@ -77,7 +77,7 @@ def _get(data: dict[str, Any] | None, *keys: Any) -> Any:
     return data
 
 
-COPY_ONLY = "copy only (the snapshot's floor, in the loop)"
+COPY_ONLY = "copy only (the tensors cloned, in the loop)"
 LEAST_DUMP = "least dump (name, copy, queue; in the loop)"
 
 
@@ -91,7 +91,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     # compared with torch.save there, not with verl).
     dump_p50 = _get(ray, "results", "await Tracker.dump (per process)", "latency", "p50_us")
     shim_p50 = _get(ray, "results", "trajtrack.dump_data (per process)", "latency", "p50_us")
-    floor_p50 = _get(ray, "results", COPY_ONLY, "latency", "p50_us")
+    copy_p50 = _get(ray, "results", COPY_ONLY, "latency", "p50_us")
     least_p50 = _get(ray, "results", LEAST_DUMP, "latency", "p50_us")
     small = _get(core, "throughput", "4KB")
     large = _get(core, "throughput", "256MB")
@@ -122,8 +122,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows = [
         # Issue #34: the targets that must hold without the writer helper process.
         ("dump() p50 vs verl dump_data p50", ratio(verl_p50, dump_p50), 50, "x lower"),
-        # What no dump that copies the caller's tensors can beat in the same run (bench_ray.py).
-        ("  its floor: the tensors' copy alone vs verl", ratio(verl_p50, floor_p50), 50, "x lower"),
+        # In scale, timed in the same loop (bench_ray.py): the copy every dump makes, and the
+        # least a dump that keeps the snapshot promise does.
+        ("  the tensors' copy alone vs verl", ratio(verl_p50, copy_p50), 50, "x lower"),
         ("  the least dump: name, copy, queue vs verl", ratio(verl_p50, least_p50), 50, "x lower"),
         ("event-loop max lag, 256 MB dumps (ms, worst)", _get(lag, "max"), 20, "ms <="),
         ("4 KB files until flush vs inline loop", files(small, "inline"), 0.7, ""),

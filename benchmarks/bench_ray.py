@@ -17,13 +17,15 @@ Side by side in one run, in one process, on one local Ray instance, for a 4 KB t
 * **trajtrack.dump_data** — the per-process sync shim (no Ray in the path), for scale.
 * **await Tracker.dump** — the per-process async tracker on an event loop in its own thread,
   each call timed inside that loop (what an async rollouter's coroutine waits).
-* **copy only** — the floor of ``await Tracker.dump``: a dict comprehension cloning the
-  payload's tensors, timed in the same event loop (a dump must copy what the caller may mutate
-  once the call returns; nothing else is done). Its ratio against verl bounds what any tracker
-  that keeps that promise can reach here.
+* **copy only** — what a dump must do at least, alone: a dict comprehension cloning the
+  payload's tensors (a dump must copy what the caller may mutate once the call returns), timed
+  in the same event loop. It runs right after ``await Tracker.dump``, whose copy takes another
+  route (numpy's), so the clone's code is cold in it.
 * **least dump** — what any dump that keeps that promise does at the least, in the same loop:
-  the name checked (a safe relative path), the tensors cloned, and the copy queued with a
-  future for the caller's handle. Nothing measures, bounds, logs or writes it.
+  the name checked (trajtrack's one-call check), the tensors cloned, and the copy queued with
+  a future for the caller's handle; nothing measures, bounds, logs or writes it. It runs right
+  after "copy only", as ``await Tracker.dump`` runs right after the shim's dump, which takes
+  the same snapshot route.
 * **torch.save(obj, path)** — plain synchronous serialization to a file.
 * **bare actor call** — the floor of any acknowledged dump: ``ray.get`` of a no-op method of an
   async actor (same options as the tracker actor) given the already serialized 4 KB bytes, a
@@ -211,7 +213,7 @@ class _AsyncTracker:
         return time.perf_counter() - start
 
     def copy_only(self, obj: Any, name: str) -> float:
-        """The floor of :meth:`dump`: the tensors cloned in the same loop, nothing kept."""
+        """The tensors cloned in the same loop as :meth:`dump`, nothing kept."""
         return float(self._call(self._copy_timed(obj)))
 
     async def _least_timed(self, obj: dict[str, Any], name: str) -> float:
@@ -362,7 +364,7 @@ def main() -> None:
                 "",
             ),
             Variant(
-                "copy only (the snapshot's floor, in the loop)",
+                "copy only (the tensors cloned, in the loop)",
                 async_tracker.copy_only,
                 lambda: None,
                 None,
