@@ -16,10 +16,11 @@ class _ForkGate:
     """Keeps ``fork()`` from happening while one of our threads is inside torch.
 
     A child inherits every lock held at the moment of the fork, but none of the threads that
-    would release them: if an upload thread is in the middle of ``torch.save`` (or a snapshot
-    copy) when the user's code forks, torch locks it held stay locked forever in the child.
-    Before a fork, this gate stops new torch work by trajtrack's threads and waits (at most
-    :data:`FORK_WAIT` seconds, so a fork is never blocked for long) for the current work to end.
+    would release them: if an upload thread is inside ``torch.save`` (or a snapshot's ``clone``;
+    a copy through numpy takes no torch lock) when the user's code forks, torch locks it held
+    stay locked in the child. Before a fork, this gate stops new torch work by trajtrack's
+    threads and waits for the current work to end, at most :data:`FORK_WAIT` seconds (never a
+    long block for the fork).
     """
 
     def __init__(self) -> None:

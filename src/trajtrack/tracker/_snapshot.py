@@ -135,8 +135,7 @@ def _copy_tensor(tensor: torch.Tensor, state: _CopyState) -> torch.Tensor:
     if copy is not None:
         return copy
     with FORK_GATE.torch_work():
-        # detach() is a torch op, which releases the GIL (see _small_copy): only a tensor that
-        # requires grad needs it (it then has no graph to leave).
+        # detach() gives the GIL up (a torch op): only a tensor that requires grad needs it.
         source = tensor.detach() if tensor.requires_grad else tensor
         if source.is_cpu:
             copy = _small_copy(source)
