@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +227,44 @@ async def test_comparisons_come_in_dump_order_then_name_order() -> None:
     result = await diff_runs(*runs)
     assert [c.name for c in result.comparisons] == ["a", "b", "c", "late"]
     assert result.equal
+
+
+async def test_a_dump_in_one_run_only_keeps_its_place_whatever_the_runs_pace() -> None:
+    """Run A is slow after its first dump, run B fast: B's extra dumps still come after the
+    dumps that preceded them in B, not where B's clock would put them against A's."""
+    from trajtrack.backends.memory import MemoryStorage
+    from trajtrack.layouts.records import RECORDS_PREFIX, DumpRecord, encode_segment
+
+    def saved(obj: Any) -> bytes:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        return buffer.getvalue()
+
+    runs = []
+    timed = {  # name: (commit time, the value dumped) per run
+        "a": {"s0": (0.0, 0), "s1": (30.0, 1), "s2": (31.0, 2), "gone": (32.0, 0)},
+        "b": {"early": (0.0, 0), "s0": (0.1, 0), "s1": (0.2, 9), "new": (0.3, 0), "s2": (0.4, 2)},
+    }
+    for run, dumps in timed.items():
+        storage = MemoryStorage(f"memory://pace/{run}")
+        records = []
+        for name, (time, value) in dumps.items():
+            blob = saved(torch.tensor([value]))
+            storage.put_raw(f"{name}.pth", blob)
+            crc = f"crc32:{zlib.crc32(blob):08x}"
+            records.append(DumpRecord(name, f"{name}.pth", len(blob), crc, "h", 1, 0, "w", time))
+        storage.put_raw(f"{RECORDS_PREFIX}/w-000000.jsonl", encode_segment(records))
+        runs.append(open_run(f"memory://pace/{run}", storage=storage))
+    result = await diff_runs(*runs)
+    got = [(c.name, c.status, c.order) for c in result.comparisons]
+    assert got == [
+        ("early", "only_in_b", 0),
+        ("s0", "equal", 1),
+        ("s1", "different", 2),
+        ("new", "only_in_b", 3),
+        ("s2", "equal", 4),
+        ("gone", "only_in_a", 5),
+    ]
 
 
 class _Unsafe:

@@ -2,8 +2,9 @@
 
 :func:`diff_runs` pairs two runs' dumps by name, reads them in parallel (each file once), loads
 and compares each pair (:func:`trajtrack.reader._compare.compare`), and returns the
-comparisons sorted in dump order (commit time relative to the run's first dump, then name), so
-the first divergence is the first entry that is not equal.
+comparisons sorted in dump order (run A's order, commit time then name, with each dump that only
+run B has placed after the dump before it in run B), so the first divergence is the first entry
+that is not equal.
 
 Small pairs (both dumps up to 64 KB) are read in groups, a span of neighbouring shard members
 at a time (``Run.read_many``), and compared in one loop (:mod:`trajtrack.reader._pair_checks`);
@@ -18,12 +19,11 @@ Other storages' files are read, then loaded from the bytes. The results:
 from __future__ import annotations
 
 import logging
-import math
 import operator
 import os
 import stat
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -118,8 +118,7 @@ async def diff_runs(
     finally:  # every worker thread is done: a cancelled hop waits for its thread
         comparer.close()
     results = [comparison for batch in batches for comparison in batch]
-    results.sort(key=_NAME)  # then by order, stably: a large pair may go ahead of a batch
-    results.sort(key=_ORDER)
+    results.sort(key=_ORDER)  # a large pair may come back ahead of a batch
     return RunDiff(run_a.url, run_b.url, comparer.tol, tuple(results), patterns)
 
 
@@ -137,7 +136,6 @@ async def _list_both(
     return await both(lambda: run_a.list(names), lambda: run_b.list(names))
 
 
-_NAME: Final = operator.itemgetter(0)  # DumpComparison.name
 _ORDER: Final = operator.itemgetter(6)  # DumpComparison.order
 
 _SMALL = SMALL_DUMP  # a pair with a larger dump is compared on its own
@@ -145,32 +143,34 @@ _AHEAD_MIN = 256 << 10  # read ahead only when local pairs hold this much on ave
 
 
 def _pairs(listed_a: list[DumpInfo], listed_b: list[DumpInfo]) -> list[Pair]:
-    """``(name, a, b, order)`` per dump name in either run; *order* places it in dump order."""
+    """``(name, a, b, order)`` per dump name in either run, in dump order; *order* is the
+    pair's place in it. Dump order across two runs: run A's (each listing is in dump order,
+    commit time then name), each dump of run B only right after the dump before it in run B
+    that run A has too. Places, not times: each run goes at its own pace (a slow first step in
+    one), so two runs' commit times do not interleave their dumps faithfully."""
     dumps_a = {d.name: d for d in listed_a}
     dumps_b = {d.name: d for d in listed_b}
-    start_a = _first_time(dumps_a.values())
-    start_b = _first_time(dumps_b.values())
-    inf = math.inf
+    place_a = {name: i for i, name in enumerate(dumps_a)}
     get_b = dumps_b.get
-    # A name's order comes from run A where it is there, else from run B.
-    pairs: list[Pair] = [
-        (name, a, get_b(name), inf if a.time is None else a.time - start_a)
-        for name, a in dumps_a.items()
+    keyed: list[tuple[tuple[int, int], str, DumpInfo | None, DumpInfo | None]] = [
+        ((i, 0), name, a, get_b(name)) for i, (name, a) in enumerate(dumps_a.items())
     ]
-    pairs += [
-        (name, None, b, inf if b.time is None else b.time - start_b)
-        for name, b in dumps_b.items()
-        if name not in dumps_a
-    ]
+    after = -1  # the place in run A of the last dump of run B that run A has
+    for j, (name, b) in enumerate(dumps_b.items(), 1):
+        i = place_a.get(name)
+        if i is None:
+            keyed.append(((after, j), name, None, b))
+        else:
+            after = i
     # In dump order, which is mostly the order of the files in their directories and of the
     # members in their shards: a batch then reads neighbours (one directory opened, members
     # fetched together), not names in a set's order, which scatters the reads
     # (``benchmarks/bench_small_reads.py``).
-    pairs.sort(key=_PAIR_ORDER)
-    return pairs
+    keyed.sort(key=_KEY)
+    return [(name, a, b, place) for place, (_, name, a, b) in enumerate(keyed)]
 
 
-_PAIR_ORDER: Final = operator.itemgetter(3, 0)  # (order, name)
+_KEY: Final = operator.itemgetter(0)
 
 
 class _Comparer:
@@ -437,8 +437,3 @@ async def _read_pair(run_a: Run, run_b: Run, a: DumpInfo, b: DumpInfo) -> tuple[
     # One after the other: the parallelism is across pairs (a task group per pair would cost
     # more than it saves when every pair is in flight at once).
     return await run_a.read_bytes(a), await run_b.read_bytes(b)
-
-
-def _first_time(dumps: Any) -> float:
-    times = [d.time for d in dumps if d.time is not None]
-    return min(times) if times else 0.0

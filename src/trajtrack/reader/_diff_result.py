@@ -39,7 +39,7 @@ class DumpComparison(NamedTuple):
         b: The dump in run B (``None`` when absent).
         differences: What differs (at most the per-dump limit).
         error: Why the dump could not be compared (``status == "error"``).
-        order: Commit time relative to its run's first dump (dump order across both runs).
+        order: Its place in dump order across both runs (0 first; see :func:`diff_runs`).
         notes: What the comparison noted that is not a difference: containers of other types
             compared by content, a pair equal without loading (and why it was not loaded).
         ignored: The key paths left out by the ``ignore`` patterns.
@@ -51,7 +51,7 @@ class DumpComparison(NamedTuple):
     b: DumpInfo | None
     differences: tuple[Difference, ...] = ()
     error: str | None = None
-    order: float = 0.0
+    order: int = 0
     notes: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
 
@@ -152,7 +152,7 @@ class RunDiff:
 
 _NOT_DIVERGED = ("equal", "error")
 
-Pair = tuple[str, DumpInfo | None, DumpInfo | None, float]
+Pair = tuple[str, DumpInfo | None, DumpInfo | None, int]
 """``(name, a, b, order)``: a dump name, its dump in each run, its place in dump order."""
 
 

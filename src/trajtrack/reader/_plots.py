@@ -261,7 +261,7 @@ def _x_axis(ax: Axes, points: Sequence[DumpPoint]) -> None:
         from matplotlib.ticker import MaxNLocator
 
         ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
-        ax.set_xlabel("dump number, in dump order (commit time, then name)")
+        ax.set_xlabel("dump number, in dump order")
 
 
 def histogram_svg(values: np.ndarray[Any, Any], title: str, *, xlabel: str = "a - b") -> str:

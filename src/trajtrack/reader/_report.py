@@ -314,9 +314,10 @@ def _plot(result: RunDiff, first: DumpComparison | None) -> str:
     if not points:
         return '<p class="note">Neither run has any dump.</p>'
     caption = (
-        "Each dump of either run, in dump order (commit time relative to the run's first dump, "
-        "then name). Differing dumps are shaded; equal ones are ticks along the bottom; dumps "
-        "in one run only, errors and differences without a magnitude are marked along the top."
+        "Each dump of either run, in dump order (run A's commit order, each dump of run B only "
+        "after the dump before it in run B). Differing dumps are shaded; equal ones are ticks "
+        "along the bottom; dumps in one run only, errors and differences without a magnitude "
+        "are marked along the top."
     )
     svg, legend = divergence_svg(points, index)
     keys = "".join(
