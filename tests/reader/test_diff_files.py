@@ -200,30 +200,29 @@ async def test_identical_bytes_holding_nan_differ_when_nan_is_not_nan(
     assert {c.name: c.status for c in strict.comparisons} == {"nan": "different", "plain": "equal"}
 
 
-async def test_comparisons_come_in_dump_order_then_name_order() -> None:
+def _recorded_run(url: str, dumps: dict[str, tuple[float, Any]]) -> Run:
+    """A run in memory: each ``name: (commit time, object)`` saved and recorded, in order."""
     from trajtrack.backends.memory import MemoryStorage
     from trajtrack.layouts.records import RECORDS_PREFIX, DumpRecord, encode_segment
 
-    def saved(obj: Any) -> bytes:
+    storage = MemoryStorage(url)
+    records = []
+    for name, (time, obj) in dumps.items():
         buffer = io.BytesIO()
         torch.save(obj, buffer)
-        return buffer.getvalue()
+        blob = buffer.getvalue()
+        storage.put_raw(f"{name}.pth", blob)
+        crc = f"crc32:{zlib.crc32(blob):08x}"
+        records.append(DumpRecord(name, f"{name}.pth", len(blob), crc, "h", 1, 0, "w", time))
+    storage.put_raw(f"{RECORDS_PREFIX}/w-000000.jsonl", encode_segment(records))
+    return open_run(url, storage=storage)
 
+
+async def test_comparisons_come_in_dump_order_then_name_order() -> None:
     # Dumps committed at one time (one order), recorded out of name order, one later; "b" is
     # large (compared on its own, its result may come ahead of a group of small pairs).
-    data = {"c": saved(1), "a": saved(2), "late": saved(3), "b": saved(torch.zeros(1 << 15))}
-    times = {"c": 5.0, "a": 5.0, "late": 9.0, "b": 5.0}
-    runs = []
-    for url in ("memory://order/a", "memory://order/b"):
-        storage = MemoryStorage(url)
-        records = [
-            DumpRecord(n, f"{n}.pth", len(data[n]), "crc32:0", "h", 1, 0, "w", t)
-            for n, t in times.items()
-        ]
-        storage.put_raw(f"{RECORDS_PREFIX}/w-000000.jsonl", encode_segment(records))
-        for name, blob in data.items():
-            storage.put_raw(f"{name}.pth", blob)
-        runs.append(open_run(url, storage=storage))
+    dumps = {"c": (5.0, 1), "a": (5.0, 2), "late": (9.0, 3), "b": (5.0, torch.zeros(1 << 15))}
+    runs = [_recorded_run(f"memory://order/{run}", dumps) for run in "ab"]
     result = await diff_runs(*runs)
     assert [c.name for c in result.comparisons] == ["a", "b", "c", "late"]
     assert result.equal
@@ -232,30 +231,11 @@ async def test_comparisons_come_in_dump_order_then_name_order() -> None:
 async def test_a_dump_in_one_run_only_keeps_its_place_whatever_the_runs_pace() -> None:
     """Run A is slow after its first dump, run B fast: B's extra dumps still come after the
     dumps that preceded them in B, not where B's clock would put them against A's."""
-    from trajtrack.backends.memory import MemoryStorage
-    from trajtrack.layouts.records import RECORDS_PREFIX, DumpRecord, encode_segment
-
-    def saved(obj: Any) -> bytes:
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        return buffer.getvalue()
-
-    runs = []
-    timed = {  # name: (commit time, the value dumped) per run
-        "a": {"s0": (0.0, 0), "s1": (30.0, 1), "s2": (31.0, 2), "gone": (32.0, 0)},
-        "b": {"early": (0.0, 0), "s0": (0.1, 0), "s1": (0.2, 9), "new": (0.3, 0), "s2": (0.4, 2)},
-    }
-    for run, dumps in timed.items():
-        storage = MemoryStorage(f"memory://pace/{run}")
-        records = []
-        for name, (time, value) in dumps.items():
-            blob = saved(torch.tensor([value]))
-            storage.put_raw(f"{name}.pth", blob)
-            crc = f"crc32:{zlib.crc32(blob):08x}"
-            records.append(DumpRecord(name, f"{name}.pth", len(blob), crc, "h", 1, 0, "w", time))
-        storage.put_raw(f"{RECORDS_PREFIX}/w-000000.jsonl", encode_segment(records))
-        runs.append(open_run(f"memory://pace/{run}", storage=storage))
-    result = await diff_runs(*runs)
+    run_a = {"s0": (0.0, 0), "s1": (30.0, 1), "s2": (31.0, 2), "gone": (32.0, 0)}
+    run_b = {"early": (0.0, 0), "s0": (0.1, 0), "s1": (0.2, 9), "new": (0.3, 0), "s2": (0.4, 2)}
+    result = await diff_runs(
+        _recorded_run("memory://pace/a", run_a), _recorded_run("memory://pace/b", run_b)
+    )
     got = [(c.name, c.status, c.order) for c in result.comparisons]
     assert got == [
         ("early", "only_in_b", 0),
