@@ -137,8 +137,8 @@ def _copy_tensor(tensor: torch.Tensor, state: _CopyState) -> torch.Tensor:
     with FORK_GATE.torch_work():
         # detach() gives the GIL up (a torch op): only a tensor that requires grad needs it.
         source = tensor.detach() if tensor.requires_grad else tensor
-        if source.is_cpu:
-            copy = _small_copy(source)
+        if source.is_cpu:  # numpy's copy was tried above unless the tensor requires grad
+            copy = _small_copy(source) if tensor.requires_grad else None
             if copy is None:
                 copy = source.clone(memory_format=torch.contiguous_format)
         elif source.is_cuda:
