@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 from typing import Any
 
 import torch
 
 import trajtrack.ray as tr
+
+
+def wait_until_gone(pid: int, timeout: float = 30.0) -> None:
+    """Return once process *pid* (a killed actor's, on this machine) has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the killed actor's process {pid} is still alive after {timeout} s")
 
 
 def payload(i: int) -> dict[str, Any]:
@@ -54,15 +67,22 @@ class GateActor:
     finds it like the real one.
     """
 
-    def __init__(self, destination: str) -> None:
+    def __init__(self, destination: str, hold_ready: bool = False) -> None:
         import asyncio
 
         self._destination = destination
         self._gate = asyncio.Event()
+        self._hold_ready = hold_ready  # ready() too waits for open(): an actor slow to start
         self._names: list[str] = []
 
     async def ready(self) -> dict[str, Any]:
+        if self._hold_ready:
+            await self._gate.wait()
         return {"destination": self._destination, "pid": os.getpid(), "host": "", "token": "gate"}
+
+    async def dump(self, data: bytes, name: str, who: Any = None) -> None:
+        await self._gate.wait()
+        self._names.append(name)
 
     async def dump_many(self, data: list[bytes], names: list[str], who: Any) -> list[Any]:
         await self._gate.wait()

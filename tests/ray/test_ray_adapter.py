@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +257,7 @@ def test_a_gone_actor_is_replaced_on_the_next_dump(
     ray_cluster: Any, tracker_env: dict[str, Any]
 ) -> None:
     import ray
+    from _ray_tasks import wait_until_gone
 
     import trajtrack.ray as tr
 
@@ -276,21 +276,10 @@ def test_a_gone_actor_is_replaced_on_the_next_dump(
     # only asks for the kill; wait until the process is gone, or the channel still reaches it.)
     pid = ray.get(tr.get_trajectory_tracker().ready.remote(), timeout=RAY_TIMEOUT)["pid"]
     ray.kill(tr.get_trajectory_tracker())
-    _wait_until_gone(pid)
+    wait_until_gone(pid)
     tr.dump_data({"x": torch.ones(1)}, "third")
     tr.flush(timeout=RAY_TIMEOUT)
     assert (tracker_env["dest"] / "third.pth").exists()
-
-
-def _wait_until_gone(pid: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the killed actor's process {pid} is still alive after {timeout} s")
 
 
 @pytest.mark.ray

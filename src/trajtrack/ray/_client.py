@@ -38,6 +38,7 @@ from trajtrack._exceptions import SerializationError
 from trajtrack.layouts.names import validate_name
 from trajtrack.ray._config import actor_key, limits, pipelined_by_default
 from trajtrack.ray._discovery import (
+    answer,
     cached,
     channel_failed,
     current,
@@ -45,6 +46,7 @@ from trajtrack.ray._discovery import (
     forget,
     get_or_create_actor,
     process_identity,
+    wait_until_released,
 )
 from trajtrack.ray._protocol import ChannelBrokenError, Payload, payload_size
 from trajtrack.ray._sender import Snapshot, sender
@@ -139,7 +141,8 @@ def dump_data(data: Any, name: str, *, wait: bool | None = None) -> None:
         InvalidNameError: *name* is not a safe relative dump name (nothing was sent).
         SerializationError: *data* cannot be serialized.
         TimeoutError: Pipelined: this process's in-flight bound stayed full for
-            ``TRAJTRACK_RAY_FULL_TIMEOUT`` seconds (nothing was buffered).
+            ``TRAJTRACK_RAY_FULL_TIMEOUT`` seconds (nothing was buffered). Acknowledged: the
+            actor did not answer within as long (the dump may still be admitted).
         Exception: Acknowledged (and a pipelined dump sent as one): the actor's error (e.g.
             ``TrackerClosedError``).
     """
@@ -238,7 +241,7 @@ def _send_acknowledged(data: Any, name: str) -> None:
     else:
         payload = _serialize(data)
     who = process_identity()
-    _call_with_retry(lambda actor: ray.get(actor.dump.remote(payload, name, who)))
+    _call_with_retry(lambda actor: answer(actor.dump.remote(payload, name, who), repr(name)))
 
 
 def _call_with_retry(call: Any) -> Any:
@@ -299,10 +302,13 @@ def shutdown(
 ) -> None:
     """Drain and close the tracker actor, then kill it (it is detached: nothing else does).
 
-    Does nothing when the actor does not exist.
+    Returns once Ray has let go of the actor's name, so a dump afterwards creates a new actor
+    (where a destination is configured) instead of finding the dead one. Does nothing when the
+    actor does not exist.
 
     Raises:
-        TimeoutError: Pending dumps were not written within *timeout* seconds.
+        TimeoutError: Pending dumps were not written within *timeout* seconds, or Ray still
+            gave the killed actor for its name after ``TRAJTRACK_RAY_FULL_TIMEOUT`` seconds.
         Exception: The first dump failure since the previous flush.
     """
     actor_name, space = actor_key(name, namespace)
@@ -314,5 +320,6 @@ def shutdown(
     try:
         ray.get(actor.close.remote(timeout))
     finally:
-        ray.kill(actor)
+        ray.kill(actor)  # only sent: the name is let go of when Ray has carried it out
         forget(actor_name, space)
+        wait_until_released(actor, (actor_name, space))

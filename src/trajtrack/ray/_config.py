@@ -8,7 +8,8 @@ The variables (all optional):
 * ``TRAJTRACK_RAY_PIPELINED=1`` -- ``dump_data`` is pipelined unless told otherwise;
 * ``TRAJTRACK_RAY_MAX_IN_FLIGHT``, ``TRAJTRACK_RAY_MAX_IN_FLIGHT_BYTES`` -- the per-process
   bound on unacknowledged pipelined dumps, and ``TRAJTRACK_RAY_FULL_TIMEOUT`` -- how long a
-  caller waits at that bound (and for an acknowledgement over the channel).
+  caller waits at that bound, and for any answer of the actor (its ``ready()``, an
+  acknowledgement over the channel or as a Ray call, Ray letting go of a killed actor's name).
 
 They are read when used, not at import: a process may set them after importing
 ``trajtrack.ray``. The switch, the destination and the tracker's layout options are the core's

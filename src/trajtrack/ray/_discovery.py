@@ -8,6 +8,12 @@ are cached under ``(name, namespace)``, so a dump makes no named-actor lookup; t
 forgotten when Ray is initialized again (another job id), when the actor turns out to be
 dead (:func:`forget`), and in a ``fork()``ed child, which also closes the inherited idle
 sockets without touching the parent's.
+
+``ray.kill`` only *sends* the kill to Ray's control store: until the store has carried it out,
+the name still gives the dead actor, and a get-or-create returns it. So a lookup that finds a
+dead actor waits until the name lets go of it (:func:`wait_until_released`) and looks once more,
+and :func:`trajtrack.ray.shutdown` waits for the same before it returns. Every wait here is
+bounded by ``TRAJTRACK_RAY_FULL_TIMEOUT`` (:func:`answer`).
 """
 
 from __future__ import annotations
@@ -15,16 +21,19 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import ray
+import ray.exceptions
 
 from trajtrack._exceptions import ConfigurationError
 from trajtrack.layouts.names import WriterIdentity
 from trajtrack.ray._actor import TrackerActor
 from trajtrack.ray._config import (
     ACTOR_DEFAULTS,
+    FULL_TIMEOUT_VAR,
     absolute_destination,
     actor_key,
     channel_mode,
@@ -36,6 +45,7 @@ from trajtrack.tracker import destination_from_env, tracker_options_from_env
 
 __all__ = [
     "Cached",
+    "answer",
     "cached",
     "channel_failed",
     "current",
@@ -43,6 +53,7 @@ __all__ = [
     "forget",
     "get_or_create_actor",
     "process_identity",
+    "wait_until_released",
 ]
 
 logger = logging.getLogger(__name__)
@@ -151,8 +162,7 @@ def current(name: str | None = None, namespace: str | None = None) -> Cached:
         if entry is not None and entry.job_id == ray.get_runtime_context().get_job_id():
             return entry  # another thread looked it up meanwhile
         limits()  # a bad setting fails the first dump, not only the first one that waits
-        handle = get_or_create_actor(None, key[0], key[1], None, {})
-        info = ray.get(handle.ready.remote())  # once per process: surfaces a bad destination
+        handle, info = _live_actor(key)
         _warn_if_other_destination(info, key)
         fresh = Cached(handle, ray.get_runtime_context().get_job_id(), _open_channel(info))
         old = _cache.get(key)
@@ -160,6 +170,74 @@ def current(name: str | None = None, namespace: str | None = None) -> Cached:
             old.channel.close()
         _cache[key] = fresh
         return fresh
+
+
+def _live_actor(key: tuple[str, str]) -> tuple[Any, dict[str, Any]]:
+    """The actor under *key*, got or created, and its ``ready()`` description.
+
+    Asked once per process: it surfaces a bad destination. A dead actor found by name was
+    killed and its name not yet let go of (see the module's docstring): wait until it is, then
+    get or create once more. A second dead actor is not that race: its error is raised.
+    """
+    handle = get_or_create_actor(None, key[0], key[1], None, {})
+    try:
+        return handle, answer(handle.ready.remote(), "ready()")
+    except ray.exceptions.RayActorError as exc:
+        logger.warning(
+            "the trajtrack tracker actor %r found by name is gone (%s); waiting until Ray lets "
+            "go of its name, then looking it up again",
+            key[0],
+            exc,
+        )
+    wait_until_released(handle, key)
+    handle = get_or_create_actor(None, key[0], key[1], None, {})
+    return handle, answer(handle.ready.remote(), "ready()")
+
+
+def answer(ref: Any, what: str) -> Any:
+    """``ray.get(ref)``, waiting at most ``TRAJTRACK_RAY_FULL_TIMEOUT`` seconds.
+
+    Raises:
+        TimeoutError: No answer in time (what was asked may still be carried out).
+        Exception: The actor's error, or Ray's (e.g. ``RayActorError``: the actor is gone).
+    """
+    timeout = limits()[2]
+    try:
+        return ray.get(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise TimeoutError(
+            f"the trajtrack tracker actor did not answer {what} within {timeout:g} s "
+            f"(it may still carry it out; {FULL_TIMEOUT_VAR} sets this wait)"
+        ) from None
+
+
+def wait_until_released(handle: Any, key: tuple[str, str]) -> None:
+    """Return once the name *key* no longer gives *handle*, a killed actor.
+
+    Ray has no call that waits for a kill to be carried out, so this asks for the name again,
+    less and less often, for at most ``TRAJTRACK_RAY_FULL_TIMEOUT`` seconds. Another actor
+    under the name (created meanwhile by another process) counts as released.
+
+    Raises:
+        TimeoutError: The name still gave the killed actor when the time was up.
+    """
+    timeout = limits()[2]
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        try:
+            if ray.get_actor(key[0], namespace=key[1]) != handle:
+                return
+        except ValueError:  # no actor by that name: released
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(
+                f"Ray still gives the killed trajtrack tracker actor {key[0]!r} (namespace "
+                f"{key[1]!r}) for its name after {timeout:g} s ({FULL_TIMEOUT_VAR} sets this wait)"
+            )
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.5)
 
 
 def _open_channel(info: dict[str, Any]) -> ChannelClient | None:
