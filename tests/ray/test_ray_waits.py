@@ -71,23 +71,40 @@ def _ready(tr: Any) -> dict[str, Any]:
     return info
 
 
+def _dumped_then_stale(
+    tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch, stale_lookups: int | None
+) -> tuple[dict[str, Any], KillNotYetCarriedOut]:
+    """One dump made (the actor exists), then the stand-in for kills installed."""
+    import trajtrack.ray as tr
+
+    tr.dump_data({"x": torch.ones(1)}, "before")
+    first = _ready(tr)
+    stale = KillNotYetCarriedOut(tracker_env["name"], first["pid"], stale_lookups)
+    stale.install(monkeypatch)
+    return first, stale
+
+
+def _a_new_actor_writes(tracker_env: dict[str, Any], first: dict[str, Any], value: float) -> None:
+    """A dump now goes to a new actor (not the dead *first*) and is written as made."""
+    import trajtrack.ray as tr
+
+    tr.dump_data({"x": torch.ones(1) * value}, "after")
+    tr.flush(timeout=RAY_TIMEOUT)
+    assert _ready(tr)["token"] != first["token"]
+    stored = torch.load(tracker_env["dest"] / "after.pth", weights_only=True)
+    assert torch.equal(stored["x"], torch.ones(1) * value)
+
+
 def test_shutdown_returns_once_the_name_is_let_go_of(
     ray_cluster: Any, tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import trajtrack.ray as tr
 
-    tr.dump_data({"x": torch.ones(1)}, "before")
-    first = _ready(tr)
-    stale = KillNotYetCarriedOut(tracker_env["name"], first["pid"], stale_lookups=3)
-    stale.install(monkeypatch)
+    first, stale = _dumped_then_stale(tracker_env, monkeypatch, stale_lookups=3)
     tr.shutdown(timeout=RAY_TIMEOUT)
     assert stale.stale_given == 3  # shutdown waited through the window
-
-    tr.dump_data({"x": torch.ones(1) * 2}, "after")  # a new actor, not the dead one
-    tr.flush(timeout=RAY_TIMEOUT)
-    assert _ready(tr)["token"] != first["token"]
-    stored = torch.load(tracker_env["dest"] / "after.pth", weights_only=True)
-    assert torch.equal(stored["x"], torch.ones(1) * 2)
+    _a_new_actor_writes(tracker_env, first, 2.0)
+    assert stale.stale_given == 3  # and the dump did not meet the dead actor
 
 
 def test_a_dump_that_finds_a_killed_actor_by_name_waits_and_gets_a_new_one(
@@ -97,18 +114,10 @@ def test_a_dump_that_finds_a_killed_actor_by_name_waits_and_gets_a_new_one(
 
     import trajtrack.ray as tr
 
-    tr.dump_data({"x": torch.ones(1)}, "before")
-    first = _ready(tr)
-    stale = KillNotYetCarriedOut(tracker_env["name"], first["pid"], stale_lookups=3)
-    stale.install(monkeypatch)
+    first, stale = _dumped_then_stale(tracker_env, monkeypatch, stale_lookups=3)
     ray.kill(tr.get_trajectory_tracker())  # behind trajtrack's back: its cached handle is dead
-
-    tr.dump_data({"x": torch.ones(1) * 3}, "after")
-    tr.flush(timeout=RAY_TIMEOUT)
+    _a_new_actor_writes(tracker_env, first, 3.0)
     assert stale.stale_given == 3 and stale.left == 0  # the dead one was found, then waited out
-    assert _ready(tr)["token"] != first["token"]
-    stored = torch.load(tracker_env["dest"] / "after.pth", weights_only=True)
-    assert torch.equal(stored["x"], torch.ones(1) * 3)
 
 
 def test_a_name_never_let_go_of_is_a_timeout_not_a_hang(
@@ -118,9 +127,7 @@ def test_a_name_never_let_go_of_is_a_timeout_not_a_hang(
 
     import trajtrack.ray as tr
 
-    tr.dump_data({"x": torch.ones(1)}, "before")
-    stale = KillNotYetCarriedOut(tracker_env["name"], _ready(tr)["pid"], stale_lookups=None)
-    stale.install(monkeypatch)
+    _dumped_then_stale(tracker_env, monkeypatch, stale_lookups=None)
     monkeypatch.setenv("TRAJTRACK_RAY_FULL_TIMEOUT", "1")
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"still gives the killed .*TRAJTRACK_RAY_FULL_TIMEOUT"):
