@@ -102,6 +102,19 @@ class GateActor:
         return None
 
 
+def start_gate(name: str, destination: str, *, hold_ready: bool = False) -> Any:
+    """A :class:`GateActor` under the tracker's *name*, started (its gate still closed)."""
+    import ray
+
+    gate = (
+        ray.remote(GateActor)
+        .options(name=name, namespace=tr.DEFAULT_NAMESPACE)
+        .remote(destination, hold_ready=hold_ready)
+    )
+    ray.get(gate.received.remote(), timeout=90)  # answers even while ready() is held
+    return gate
+
+
 def dump_and_tell_the_channel(i: int) -> tuple[str, bool]:
     """Dump ``node/ack{i}`` acknowledged and ``node/pipe{i}`` pipelined; return this worker's
     Ray node and whether it has a channel to the actor (else its dumps went as Ray calls)."""

@@ -42,16 +42,11 @@ def _recorded_names(dest: Path) -> list[str]:
 def gate(ray_cluster: Any, tracker_env: dict[str, Any]) -> Iterator[Any]:
     """A gate actor registered under this test's tracker name; opened at teardown."""
     import ray
-    from _ray_tasks import GateActor
+    from _ray_tasks import start_gate
 
     import trajtrack.ray as tr
 
-    actor = (
-        ray.remote(GateActor)
-        .options(name=tracker_env["name"], namespace=tr.DEFAULT_NAMESPACE)
-        .remote(str(tracker_env["dest"]))
-    )
-    ray.get(actor.ready.remote(), timeout=RAY_TIMEOUT)
+    actor = start_gate(tracker_env["name"], str(tracker_env["dest"]))
     yield actor
     ray.get(actor.open.remote(), timeout=RAY_TIMEOUT)
     tr.wait_for_own_dumps(timeout=RAY_TIMEOUT)  # leave nothing in flight for the next test

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -140,29 +139,15 @@ def test_a_name_never_let_go_of_is_a_timeout_not_a_hang(
         ray.get_actor(tracker_env["name"], namespace=tr.DEFAULT_NAMESPACE)
 
 
-def _gate(tracker_env: dict[str, Any], *, hold_ready: bool) -> Any:
-    import ray
-    from _ray_tasks import GateActor
-
-    import trajtrack.ray as tr
-
-    gate = (
-        ray.remote(GateActor)
-        .options(name=tracker_env["name"], namespace=tr.DEFAULT_NAMESPACE)
-        .remote(str(tracker_env["dest"]), hold_ready=hold_ready)
-    )
-    ray.get(gate.received.remote(), timeout=RAY_TIMEOUT)  # started: the 0.5 s are the gate's
-    return gate
-
-
 def test_an_acknowledged_dump_as_a_ray_call_times_out(
     ray_cluster: Any, tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import ray
+    from _ray_tasks import start_gate
 
     import trajtrack.ray as tr
 
-    gate = _gate(tracker_env, hold_ready=False)  # it offers no channel: dumps are Ray calls
+    gate = start_gate(tracker_env["name"], str(tracker_env["dest"]))  # no channel: Ray calls
     monkeypatch.setenv("TRAJTRACK_RAY_FULL_TIMEOUT", "0.5")
     with pytest.raises(TimeoutError, match=r"'held' within 0.5 s .*TRAJTRACK_RAY_FULL_TIMEOUT"):
         tr.dump_data({"x": torch.ones(1)}, "held")
@@ -173,13 +158,14 @@ def test_an_acknowledged_dump_as_a_ray_call_times_out(
 
 
 def test_an_actor_that_never_gets_ready_is_a_timeout_on_the_first_dump(
-    ray_cluster: Any, tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ray_cluster: Any, tracker_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import ray
+    from _ray_tasks import start_gate
 
     import trajtrack.ray as tr
 
-    gate = _gate(tracker_env, hold_ready=True)
+    gate = start_gate(tracker_env["name"], str(tracker_env["dest"]), hold_ready=True)
     monkeypatch.setenv("TRAJTRACK_RAY_FULL_TIMEOUT", "0.5")
     with pytest.raises(TimeoutError, match=r"ready\(\) within 0.5 s"):
         tr.dump_data({"x": torch.ones(1)}, "first")
